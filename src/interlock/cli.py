@@ -1,0 +1,149 @@
+"""The `interlock` command line."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+
+from interlock.connector.errors import ResolutionError
+from interlock.connector.machine import OPTIONAL_PACKAGES, START_METHODS, Machine
+from interlock.connector.plan import plan
+from interlock.connector.registry import RegistrationError
+
+SIMULATE_HELP = (
+    "simulate a machine instead of probing this one: comma-separated tokens "
+    "cuda=N, mps, xla=N (implies torch_xla installed), pkg=NAME (an optional package: "
+    f"{', '.join(OPTIONAL_PACKAGES)}), interactive, nofork, cpu (nothing extra)"
+)
+
+
+class UsageError(ValueError):
+    """A command-line value that cannot be used."""
+
+
+def parse_simulate(text: str) -> Machine:
+    """Build a Machine from ``cuda=8,mps,xla=8,interactive,nofork,pkg=deepspeed``."""
+    cuda = xla = 0
+    mps = interactive = False
+    methods = list(START_METHODS)
+    packages: set[str] = set()
+    for raw in text.split(","):
+        token = raw.strip().lower()
+        key, _, value = token.partition("=")
+        if key in ("cuda", "xla"):
+            if not value.isdigit():
+                raise UsageError(f"--simulate {key}= needs a device count, got {token!r}")
+            if key == "cuda":
+                cuda = int(value)
+            else:
+                xla = int(value)
+                packages.add("torch_xla")
+        elif key == "pkg" and value in OPTIONAL_PACKAGES:
+            packages.add(value)
+        elif key == "pkg":
+            raise UsageError(
+                f"--simulate pkg={value!r} is not an optional package interlock consults; "
+                f"known: {', '.join(OPTIONAL_PACKAGES)}"
+            )
+        elif token == "mps":
+            mps = True
+        elif token == "interactive":
+            interactive = True
+        elif token == "nofork":
+            methods = [m for m in methods if m != "fork"]
+        elif token in ("cpu", ""):
+            continue
+        else:
+            raise UsageError(f"--simulate token {token!r} is unknown. {SIMULATE_HELP}")
+    return Machine(
+        cuda_devices=cuda,
+        mps_available=mps,
+        xla_devices=xla,
+        interactive=interactive,
+        start_methods=tuple(methods),
+        packages=frozenset(packages),
+    )
+
+
+def parse_env(pairs: Sequence[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--env expects KEY=VALUE, got {pair!r}")
+        env[key] = value
+    return env
+
+
+def _machine(args: argparse.Namespace) -> Machine:
+    base = parse_simulate(args.simulate) if args.simulate is not None else Machine.probe()
+    env = parse_env(args.env)
+    if not env:
+        return base
+    return dataclasses.replace(base, environ={**base.environ, **env})
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    machine = _machine(args)
+    try:
+        result = plan(
+            accelerator=args.accelerator,
+            devices=args.devices,
+            strategy=args.strategy,
+            precision=args.precision,
+            num_nodes=args.num_nodes,
+            machine=machine,
+        )
+    except ResolutionError as error:
+        if args.json:
+            print(json.dumps({"error": error.to_dict(), "machine": machine.to_dict()}, indent=2))
+        else:
+            print(f"error: {error}", file=sys.stderr)
+            print(f"machine: {machine.describe()}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"plan": result.to_dict(), "machine": machine.to_dict()}, indent=2))
+    else:
+        print(result.explain())
+        print(f"Machine: {machine.describe()}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="interlock",
+        description="Resolve training flags into a validated distributed setup.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("plan", help="resolve flags into a plan and explain it")
+    p.add_argument("--accelerator", default="auto")
+    p.add_argument("--devices", default="auto")
+    p.add_argument("--strategy", default="auto")
+    p.add_argument("--precision", default="32-true")
+    p.add_argument("--num-nodes", type=int, default=1)
+    p.add_argument("--simulate", metavar="SPEC", help=SIMULATE_HELP)
+    p.add_argument(
+        "--env", action="append", default=[], metavar="KEY=VALUE",
+        help="add an environment variable to the machine (repeatable)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(func=cmd_plan)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except (UsageError, RegistrationError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

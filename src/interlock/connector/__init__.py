@@ -1,0 +1,28 @@
+"""The resolution engine: typed rule stages over the compatibility tables."""
+
+from interlock.connector.errors import ERROR_CODES, ResolutionError
+from interlock.connector.machine import Machine
+from interlock.connector.plan import STAGES, Plan, plan
+from interlock.connector.registry import (
+    RegistrationError,
+    register_strategy,
+    strategy_specs,
+    unregister_strategy,
+)
+from interlock.connector.rules import TraceStep
+from interlock.connector.specs import StrategySpec
+
+__all__ = [
+    "ERROR_CODES",
+    "STAGES",
+    "Machine",
+    "Plan",
+    "RegistrationError",
+    "ResolutionError",
+    "StrategySpec",
+    "TraceStep",
+    "plan",
+    "register_strategy",
+    "strategy_specs",
+    "unregister_strategy",
+]

@@ -1,0 +1,197 @@
+"""The built-in strategy rows."""
+
+from __future__ import annotations
+
+from interlock.connector.specs import StrategySpec
+from interlock.connector.tables import PRECISION_NAMES
+
+_ALL = frozenset(PRECISION_NAMES)
+_SHARDED = frozenset(("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed"))
+_TENSOR_PARALLEL = frozenset(("32-true", "16-true", "bf16-true", "bf16-mixed"))
+_XLA = frozenset(("32-true", "16-true", "bf16-true"))
+
+_DDP = "interlock.strategies.ddp:DDPStrategy"
+
+
+def _ddp_rows() -> tuple[StrategySpec, ...]:
+    styles = (
+        # (name, launcher, start method option, what it is)
+        ("ddp", "subprocess", "popen", "re-runs the script once per extra rank"),
+        ("ddp_spawn", "spawn", "spawn", "spawns processes (functions must be picklable)"),
+        ("ddp_fork", "fork", "fork", "forks processes; works in notebooks"),
+        ("ddp_notebook", "fork", "fork", "forks processes; meant for notebooks"),
+        ("ddp_forkserver", "forkserver", "forkserver", "starts processes via a fork server"),
+    )
+    rows: list[StrategySpec] = []
+    for name, launcher, start_method, what in styles:
+        variants: list[tuple[str, dict[str, object], str]] = [(name, {}, "")]
+        # The find_unused_parameters presets are variants: listed in the docs, left
+        # out of the alternatives in error messages.
+        if name != "ddp_forkserver":
+            for flag in (True, False):
+                variants.append(
+                    (
+                        f"{name}_find_unused_parameters_{str(flag).lower()}",
+                        {"find_unused_parameters": flag},
+                        f", find_unused_parameters={flag}",
+                    )
+                )
+        for row_name, extra, suffix in variants:
+            rows.append(
+                StrategySpec(
+                    name=row_name,
+                    factory=_DDP,
+                    description=f"DistributedDataParallel; {what}{suffix}",
+                    family="ddp",
+                    accelerators=frozenset(("cpu", "cuda")),
+                    precisions=_ALL,
+                    launcher=launcher,
+                    options={"start_method": start_method, **extra},
+                    substitutes={"xla": "xla"},
+                    variant_of=name if extra else None,
+                )
+            )
+    return tuple(rows)
+
+
+def _deepspeed_rows() -> tuple[StrategySpec, ...]:
+    variants: tuple[tuple[str, dict[str, object], str], ...] = (
+        ("deepspeed", {}, "ZeRO stage 2 (the default)"),
+        ("deepspeed_stage_1", {"stage": 1}, "ZeRO stage 1: optimizer state sharded"),
+        (
+            "deepspeed_stage_1_offload",
+            {"stage": 1, "offload_optimizer": True},
+            "ZeRO stage 1 with optimizer state offloaded to CPU",
+        ),
+        ("deepspeed_stage_2", {"stage": 2}, "ZeRO stage 2: optimizer state and gradients sharded"),
+        (
+            "deepspeed_stage_2_offload",
+            {"stage": 2, "offload_optimizer": True},
+            "ZeRO stage 2 with optimizer state offloaded to CPU",
+        ),
+        ("deepspeed_stage_3", {"stage": 3}, "ZeRO stage 3: parameters sharded too"),
+        (
+            "deepspeed_stage_3_offload",
+            {"stage": 3, "offload_optimizer": True, "offload_parameters": True},
+            "ZeRO stage 3 with parameters and optimizer state offloaded to CPU",
+        ),
+        (
+            "deepspeed_stage_3_offload_nvme",
+            {
+                "stage": 3,
+                "offload_optimizer": True,
+                "offload_parameters": True,
+                "remote_device": "nvme",
+            },
+            "ZeRO-Infinity: stage 3 offloaded to NVMe",
+        ),
+    )
+    return tuple(
+        StrategySpec(
+            name=name,
+            factory="interlock.strategies.deepspeed:DeepSpeedStrategy",
+            description=f"DeepSpeed {what}",
+            family="deepspeed",
+            accelerators=frozenset(("cuda",)),
+            precisions=_SHARDED,
+            launcher="subprocess",
+            requires=("deepspeed",),
+            options=options,
+        )
+        for name, options, what in variants
+    )
+
+
+BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
+    StrategySpec(
+        name="single_device",
+        factory="interlock.strategies.single_device:SingleDeviceStrategy",
+        description="one process on one device",
+        family="single_device",
+        accelerators=frozenset(("cpu", "cuda", "mps")),
+        precisions=_ALL,
+        launcher=None,
+        multi_node=False,
+        max_devices=1,
+        substitutes={"xla": "single_xla"},
+    ),
+    *_ddp_rows(),
+    StrategySpec(
+        name="fsdp",
+        factory="interlock.strategies.fsdp:FSDPStrategy",
+        description="FSDP2 (fully_shard) over a device mesh",
+        family="fsdp",
+        accelerators=frozenset(("cpu", "cuda")),
+        precisions=_SHARDED,
+        launcher="subprocess",
+        substitutes={"xla": "xla_fsdp"},
+    ),
+    StrategySpec(
+        name="fsdp_cpu_offload",
+        factory="interlock.strategies.fsdp:FSDPStrategy",
+        description="FSDP2 with parameters offloaded to CPU (needs an accelerator to "
+        "offload from)",
+        family="fsdp",
+        accelerators=frozenset(("cuda",)),
+        precisions=_SHARDED,
+        launcher="subprocess",
+        options={"cpu_offload": True},
+        substitutes={"cpu": "fsdp", "xla": "xla_fsdp"},
+    ),
+    StrategySpec(
+        name="model_parallel",
+        factory="interlock.strategies.model_parallel:ModelParallelStrategy",
+        description="2-D device mesh: tensor parallel x data parallel (FSDP2)",
+        family="model_parallel",
+        accelerators=frozenset(("cpu", "cuda")),
+        precisions=_TENSOR_PARALLEL,
+        launcher="subprocess",
+    ),
+    *_deepspeed_rows(),
+    StrategySpec(
+        name="xla",
+        factory="interlock.strategies.xla:XLAStrategy",
+        description="data parallel over XLA devices",
+        family="xla",
+        accelerators=frozenset(("xla",)),
+        precisions=_XLA,
+        launcher="xla",
+        requires=("torch_xla",),
+        substitutes={"cpu": "ddp", "cuda": "ddp"},
+    ),
+    StrategySpec(
+        name="xla_debug",
+        factory="interlock.strategies.xla:XLAStrategy",
+        description="data parallel over XLA devices with torch_xla's debug checks",
+        family="xla",
+        accelerators=frozenset(("xla",)),
+        precisions=_XLA,
+        launcher="xla",
+        requires=("torch_xla",),
+        options={"debug": True},
+    ),
+    StrategySpec(
+        name="xla_fsdp",
+        factory="interlock.strategies.xla:XLAFSDPStrategy",
+        description="torch_xla's fully sharded data parallel",
+        family="xla",
+        accelerators=frozenset(("xla",)),
+        precisions=_XLA,
+        launcher="xla",
+        requires=("torch_xla",),
+        substitutes={"cpu": "fsdp", "cuda": "fsdp"},
+    ),
+    StrategySpec(
+        name="single_xla",
+        factory="interlock.strategies.xla:SingleDeviceXLAStrategy",
+        description="one process on one XLA device",
+        family="xla",
+        accelerators=frozenset(("xla",)),
+        precisions=_XLA,
+        launcher=None,
+        multi_node=False,
+        max_devices=1,
+        requires=("torch_xla",),
+        substitutes={"cpu": "single_device", "cuda": "single_device", "mps": "single_device"},
+    ),
+)

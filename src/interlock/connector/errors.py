@@ -1,0 +1,147 @@
+"""The one exception the engine raises, and the stable codes it carries."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+#: Every refusal code the engine can raise, with its meaning. Codes are stable API:
+#: a code is never reused for a different meaning.
+ERROR_CODES: Mapping[str, str] = MappingProxyType(
+    {
+        "unknown-accelerator": "the accelerator name is not one the engine knows",
+        "unknown-strategy": "no strategy is registered under that name",
+        "unknown-precision": "the precision is neither a canonical name nor a legacy alias",
+        "invalid-devices": "the devices value cannot be parsed, or does not fit the "
+        "accelerator or strategy",
+        "invalid-num-nodes": "num_nodes is not an int >= 1",
+        "invalid-plugin": "a plugin is of an unknown kind, or a kind was given twice",
+        "conflicting-flags": "two flags set the same thing to different values",
+        "accelerator-unavailable": "the machine has no device of that accelerator",
+        "devices-unavailable": "more devices, or higher device ids, than the machine has",
+        "missing-package": "an optional package the choice needs is not installed",
+        "unsupported-accelerator": "the strategy cannot run on that accelerator",
+        "unsupported-precision": "the precision is not supported by that strategy or "
+        "accelerator",
+        "unsupported-multi-node": "the strategy runs on one node only",
+        "interactive-incompatible": "the launcher cannot start processes from an "
+        "interactive session",
+        "start-method-unavailable": "the launcher needs a multiprocessing start method "
+        "this platform lacks",
+        "cluster-mismatch": "the job's geometry (from the cluster environment) disagrees "
+        "with devices x num_nodes",
+        "invalid-environment": "a cluster environment variable holds a value that cannot "
+        "be read",
+    }
+)
+
+#: The flags a refusal can name. "environment" means the machine's environment
+#: variables rather than an argument.
+FLAGS: tuple[str, ...] = (
+    "accelerator",
+    "devices",
+    "strategy",
+    "precision",
+    "num_nodes",
+    "plugins",
+    "environment",
+)
+
+
+def did_you_mean(value: object, names: Iterable[str]) -> str | None:
+    """Return the closest name to ``value`` when it looks like a typo, else None."""
+    if not isinstance(value, str):
+        return None
+    matches = difflib.get_close_matches(value.lower(), list(names), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+class ResolutionError(ValueError):
+    """A combination of flags that cannot work, and what to do instead.
+
+    Attributes:
+        code: stable kebab-case identifier from :data:`ERROR_CODES`.
+        flag: the flag at fault (see :data:`FLAGS`).
+        value: the value the user gave for that flag.
+        reason: why it cannot work, with the machine fact behind it.
+        choices: valid alternatives, possibly empty.
+        suggestion: the closest valid name when the value looks like a typo.
+        rule: id of the rule that refused, when a rule did.
+        trace: the steps the engine had taken before refusing.
+    """
+
+    code: str
+    flag: str
+    value: object
+    reason: str
+    choices: tuple[str, ...]
+    suggestion: str | None
+    rule: str | None
+    trace: tuple[object, ...]
+
+    def __init__(
+        self,
+        code: str,
+        *,
+        flag: str,
+        value: object,
+        reason: str,
+        choices: Iterable[str] = (),
+        suggestion: str | None = None,
+        rule: str | None = None,
+    ) -> None:
+        if code not in ERROR_CODES:
+            raise RuntimeError(f"internal error: unregistered refusal code {code!r}")
+        if flag not in FLAGS:
+            raise RuntimeError(f"internal error: unknown flag {flag!r} in a refusal")
+        self.code = code
+        self.flag = flag
+        self.value = value
+        self.reason = reason
+        self.choices = tuple(choices)
+        self.suggestion = suggestion
+        self.rule = rule
+        self.trace = ()
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        head = f"{self.flag}={self.value!r}" if self.flag != "environment" else "environment"
+        text = f"[{self.code}] {head}: {self.reason}"
+        if self.suggestion is not None:
+            text += f" Did you mean {self.suggestion!r}?"
+        if self.choices:
+            text += " Choices: " + ", ".join(self.choices) + "."
+        return text
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword-only constructor: rebuild through a helper so the error survives
+        # pickling across process boundaries.
+        return (_rebuild, (self.code, self.to_dict()))
+
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-friendly view of the refusal."""
+        return {
+            "code": self.code,
+            "flag": self.flag,
+            "value": self.value if isinstance(self.value, (str, int, float, bool, type(None)))
+            else repr(self.value),
+            "reason": self.reason,
+            "choices": list(self.choices),
+            "suggestion": self.suggestion,
+            "rule": self.rule,
+            "message": str(self),
+        }
+
+
+def _rebuild(code: str, fields: dict[str, Any]) -> ResolutionError:
+    return ResolutionError(
+        code,
+        flag=fields["flag"],
+        value=fields["value"],
+        reason=fields["reason"],
+        choices=fields["choices"],
+        suggestion=fields["suggestion"],
+        rule=fields["rule"],
+    )

@@ -1,0 +1,579 @@
+"""Stage 1, flags: parse every flag into a typed value, or refuse it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from interlock.connector.errors import did_you_mean
+from interlock.connector.rules import (
+    Context,
+    Decision,
+    DevicesRequest,
+    Plugins,
+    Rule,
+    Stage,
+    always,
+    refuse,
+)
+from interlock.connector.tables import (
+    ACCELERATOR_ALIASES,
+    ACCELERATOR_CHOOSERS,
+    ACCELERATOR_INPUTS,
+    ACCELERATOR_ROWS,
+    DEFAULT_PRECISION,
+    LEGACY_PRECISIONS,
+    PRECISION_NAMES,
+    PRECISION_ROWS,
+    WITHDRAWN_ROWS,
+)
+
+#: What plugin objects declare in their ``interlock_plugin_kind`` class attribute.
+PLUGIN_KINDS: tuple[str, ...] = ("precision", "checkpoint_io", "cluster_environment")
+
+
+def _norm(value: object) -> str | None:
+    return value.strip().lower() if isinstance(value, str) else None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# --------------------------------------------------------------------------- accelerator
+
+
+def _set_accelerator(ctx: Context) -> str:
+    ctx.accelerator_input = _norm(ctx.accelerator_flag) or ""
+    return f"accelerator={ctx.accelerator_flag!r} is a known accelerator input"
+
+
+def _set_accelerator_alias(ctx: Context) -> str:
+    name = _norm(ctx.accelerator_flag) or ""
+    ctx.accelerator_input = ACCELERATOR_ALIASES[name]
+    ctx.note(f"accelerator={ctx.accelerator_flag!r} is an alias of {ctx.accelerator_input!r}")
+    return f"{name!r} is an alias of {ctx.accelerator_input!r}"
+
+
+def _refuse_accelerator(ctx: Context) -> str:
+    value = ctx.accelerator_flag
+    kind = "is not a known accelerator" if isinstance(value, str) else (
+        f"must be a string, got {type(value).__name__}"
+    )
+    refuse(
+        "unknown-accelerator",
+        flag="accelerator",
+        value=value,
+        reason=f"{value!r} {kind}.",
+        choices=ACCELERATOR_INPUTS,
+        suggestion=did_you_mean(value, ACCELERATOR_INPUTS),
+    )
+
+
+ACCELERATOR_FLAG = Decision(
+    id="flags/accelerator",
+    doc="Read the accelerator name (case-insensitive).",
+    rules=(
+        Rule(
+            id="flags/accelerator-name",
+            doc="A canonical accelerator name, 'auto' or 'gpu'.",
+            when=lambda c: _norm(c.accelerator_flag) in ACCELERATOR_ROWS
+            or _norm(c.accelerator_flag) in ACCELERATOR_CHOOSERS,
+            then=_set_accelerator,
+        ),
+        Rule(
+            id="flags/accelerator-alias",
+            doc="An alias ('tpu' means 'xla'); recorded in notes.",
+            when=lambda c: _norm(c.accelerator_flag) in ACCELERATOR_ALIASES,
+            then=_set_accelerator_alias,
+        ),
+        Rule(
+            id="flags/accelerator-unknown",
+            doc="Anything else.",
+            when=always,
+            then=_refuse_accelerator,
+            refuses="unknown-accelerator",
+        ),
+    ),
+)
+
+# --------------------------------------------------------------------------- strategy
+
+
+def _set_strategy_auto(ctx: Context) -> str:
+    ctx.strategy_input = "auto"
+    return "strategy='auto': chosen after the accelerator and devices are known"
+
+
+def _set_strategy_name(ctx: Context) -> str:
+    name = _norm(ctx.strategy_flag) or ""
+    ctx.strategy_input = name
+    ctx.explicit_spec = ctx.specs[name]
+    return f"strategy={ctx.strategy_flag!r} is registered ({ctx.explicit_spec.factory})"
+
+
+def _refuse_withdrawn(ctx: Context) -> str:
+    row = WITHDRAWN_ROWS[_norm(ctx.strategy_flag) or ""]
+    refuse(
+        "unknown-strategy",
+        flag="strategy",
+        value=ctx.strategy_flag,
+        reason=f"{row.name!r} is not offered: {row.reason}.",
+        choices=(row.replacement,),
+    )
+
+
+def _refuse_strategy(ctx: Context) -> str:
+    value = ctx.strategy_flag
+    names = ("auto", *sorted(n for n, s in ctx.specs.items() if s.variant_of is None))
+    kind = "no strategy is registered under this name" if isinstance(value, str) else (
+        f"must be a strategy name, got {type(value).__name__}"
+    )
+    refuse(
+        "unknown-strategy",
+        flag="strategy",
+        value=value,
+        reason=f"{kind}.",
+        choices=names,
+        suggestion=did_you_mean(value, ("auto", *ctx.specs)),
+    )
+
+
+STRATEGY_FLAG = Decision(
+    id="flags/strategy",
+    doc="Look the strategy name up in the registry (case-insensitive).",
+    rules=(
+        Rule(
+            id="flags/strategy-auto",
+            doc="'auto' defers the choice to the strategy stage.",
+            when=lambda c: _norm(c.strategy_flag) == "auto",
+            then=_set_strategy_auto,
+        ),
+        Rule(
+            id="flags/strategy-name",
+            doc="A registered strategy name (built-in or third-party).",
+            when=lambda c: _norm(c.strategy_flag) in c.specs,
+            then=_set_strategy_name,
+        ),
+        Rule(
+            id="flags/strategy-withdrawn",
+            doc="A name other tools accept but interlock withdraws on purpose "
+            "(for example 'dp'); the replacement is the only choice.",
+            when=lambda c: _norm(c.strategy_flag) in WITHDRAWN_ROWS,
+            then=_refuse_withdrawn,
+            refuses="unknown-strategy",
+        ),
+        Rule(
+            id="flags/strategy-unknown",
+            doc="Anything else.",
+            when=always,
+            then=_refuse_strategy,
+            refuses="unknown-strategy",
+        ),
+    ),
+)
+
+# --------------------------------------------------------------------------- precision
+
+
+def _legacy_key(value: object) -> int | str | None:
+    if _is_int(value):
+        return value  # type: ignore[return-value]
+    return _norm(value)
+
+
+def _set_precision(ctx: Context) -> str:
+    ctx.precision_input = _norm(ctx.precision_flag) or ""
+    return f"precision={ctx.precision_flag!r} is a canonical precision"
+
+
+def _set_precision_legacy(ctx: Context) -> str:
+    key = _legacy_key(ctx.precision_flag)
+    ctx.precision_input = LEGACY_PRECISIONS[key] if key is not None else ""
+    ctx.note(
+        f"precision={ctx.precision_flag!r} is a legacy alias of {ctx.precision_input!r}; "
+        f"pass {ctx.precision_input!r} to say it directly"
+    )
+    return f"legacy alias {ctx.precision_flag!r} means {ctx.precision_input!r}"
+
+
+def _refuse_precision(ctx: Context) -> str:
+    value = ctx.precision_flag
+    accepted = PRECISION_NAMES + tuple(str(k) for k in LEGACY_PRECISIONS if isinstance(k, str))
+    refuse(
+        "unknown-precision",
+        flag="precision",
+        value=value,
+        reason="this is neither a precision name nor a legacy alias (16, '16', 'bf16', "
+        "32, '32', 64, '64').",
+        choices=PRECISION_NAMES,
+        suggestion=did_you_mean(value, accepted),
+    )
+
+
+PRECISION_FLAG = Decision(
+    id="flags/precision",
+    doc="Read the precision; legacy aliases are translated and noted.",
+    rules=(
+        Rule(
+            id="flags/precision-name",
+            doc="A canonical precision name (case-insensitive).",
+            when=lambda c: _norm(c.precision_flag) in PRECISION_ROWS,
+            then=_set_precision,
+        ),
+        Rule(
+            id="flags/precision-legacy",
+            doc="A legacy alias (int or str, never float or bool); recorded in notes.",
+            when=lambda c: _legacy_key(c.precision_flag) in LEGACY_PRECISIONS,
+            then=_set_precision_legacy,
+        ),
+        Rule(
+            id="flags/precision-unknown",
+            doc="Anything else.",
+            when=always,
+            then=_refuse_precision,
+            refuses="unknown-precision",
+        ),
+    ),
+)
+
+# --------------------------------------------------------------------------- devices
+
+
+def _id_string(value: object) -> tuple[int, ...] | None:
+    """Parse "0,1" or "1," into ids; None when the string is not such a list."""
+    if not isinstance(value, str) or "," not in value:
+        return None
+    parts = [p.strip() for p in value.split(",")]
+    if parts and parts[-1] == "":
+        parts = parts[:-1]
+    if not parts or not all(p.isdigit() for p in parts):
+        return None
+    ids = tuple(int(p) for p in parts)
+    return ids if len(set(ids)) == len(ids) else None
+
+
+def _id_sequence(value: object) -> tuple[int, ...] | None:
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    if not all(_is_int(v) and v >= 0 for v in value):
+        return None
+    ids = tuple(int(v) for v in value)
+    return ids if len(set(ids)) == len(ids) else None
+
+
+def _digit_count(value: object) -> int | None:
+    if isinstance(value, str) and value.strip().isdigit() and int(value.strip()) > 0:
+        return int(value.strip())
+    return None
+
+
+def _set_devices(request: DevicesRequest) -> str:
+    return f"devices parsed as {request.describe()}"
+
+
+def _devices_auto(ctx: Context) -> str:
+    ctx.devices = DevicesRequest(kind="auto")
+    return "devices='auto': the count follows from the accelerator"
+
+
+def _devices_all(ctx: Context) -> str:
+    ctx.devices = DevicesRequest(kind="all")
+    return f"devices={ctx.devices_flag!r} means every device"
+
+
+def _devices_count(ctx: Context) -> str:
+    value = ctx.devices_flag
+    count = value if isinstance(value, int) else _digit_count(value)
+    ctx.devices = DevicesRequest(kind="count", count=int(count or 0))
+    return _set_devices(ctx.devices)
+
+
+def _devices_ids(ctx: Context) -> str:
+    ids = _id_string(ctx.devices_flag) or _id_sequence(ctx.devices_flag) or ()
+    ctx.devices = DevicesRequest(kind="ids", ids=ids)
+    return _set_devices(ctx.devices)
+
+
+DEVICES_FORMS: tuple[str, ...] = (
+    "'auto'",
+    "an int > 0 (how many)",
+    "-1 or '-1' (all)",
+    "a digit string like '2'",
+    "an id list like '0,1', '1,' or [0, 1]",
+)
+
+
+def _devices_problem(value: object) -> str:
+    if isinstance(value, bool):
+        return "a bool is not a device count."
+    if isinstance(value, float):
+        return "a float is not a device count; pass an int."
+    if _is_int(value):
+        return "0 devices cannot run anything." if value == 0 else (
+            "negative counts other than -1 (all devices) mean nothing."
+        )
+    if isinstance(value, str):
+        text = value.strip()
+        if text in ("0", ""):
+            return "0 devices cannot run anything." if text == "0" else "the string is empty."
+        if "," in text:
+            parts = [p.strip() for p in text.rstrip(",").split(",")]
+            if len(set(parts)) != len(parts):
+                return "the id list repeats a device."
+        return "the string is neither 'auto', a count, '-1', nor a comma-separated id list."
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return "an empty list selects no device."
+        if not all(_is_int(v) for v in value):
+            return "device ids must be ints."
+        if any(v < 0 for v in value):
+            return "device ids cannot be negative."
+        return "the id list repeats a device."
+    return f"a {type(value).__name__} is not a devices value."
+
+
+def _refuse_devices(ctx: Context) -> str:
+    refuse(
+        "invalid-devices",
+        flag="devices",
+        value=ctx.devices_flag,
+        reason=_devices_problem(ctx.devices_flag) + " Accepted forms: "
+        + ", ".join(DEVICES_FORMS) + ".",
+    )
+
+
+DEVICES_FLAG = Decision(
+    id="flags/devices",
+    doc="Parse the devices flag into auto, all, a count or a list of ids.",
+    rules=(
+        Rule(
+            id="flags/devices-auto",
+            doc="'auto' (case-insensitive).",
+            when=lambda c: _norm(c.devices_flag) == "auto",
+            then=_devices_auto,
+        ),
+        Rule(
+            id="flags/devices-all",
+            doc="-1 or '-1': every device of the accelerator.",
+            when=lambda c: (_is_int(c.devices_flag) and c.devices_flag == -1)
+            or _norm(c.devices_flag) == "-1",
+            then=_devices_all,
+        ),
+        Rule(
+            id="flags/devices-count",
+            doc="An int > 0 (bools excluded) or a digit string like '2'.",
+            when=lambda c: (_is_int(c.devices_flag) and c.devices_flag > 0)  # type: ignore[operator]
+            or _digit_count(c.devices_flag) is not None,
+            then=_devices_count,
+        ),
+        Rule(
+            id="flags/devices-ids",
+            doc="'0,1' or '1,' (a trailing comma makes one id), or a non-empty list or "
+            "tuple of distinct ints >= 0.",
+            when=lambda c: _id_string(c.devices_flag) is not None
+            or _id_sequence(c.devices_flag) is not None,
+            then=_devices_ids,
+        ),
+        Rule(
+            id="flags/devices-invalid",
+            doc="Anything else: 0, '0', [], '[]', bools, floats, other negatives, "
+            "duplicate ids, unparsable strings.",
+            when=always,
+            then=_refuse_devices,
+            refuses="invalid-devices",
+        ),
+    ),
+)
+
+# --------------------------------------------------------------------------- num_nodes
+
+
+def _set_num_nodes(ctx: Context) -> str:
+    ctx.num_nodes = int(ctx.num_nodes_flag)  # type: ignore[call-overload]
+    return f"num_nodes={ctx.num_nodes}"
+
+
+def _refuse_num_nodes(ctx: Context) -> str:
+    refuse(
+        "invalid-num-nodes",
+        flag="num_nodes",
+        value=ctx.num_nodes_flag,
+        reason=f"num_nodes must be an int >= 1 (not a bool, float or string); got a "
+        f"{type(ctx.num_nodes_flag).__name__}.",
+        choices=("1", "2"),
+    )
+
+
+NUM_NODES_FLAG = Decision(
+    id="flags/num_nodes",
+    doc="num_nodes must be an int >= 1.",
+    rules=(
+        Rule(
+            id="flags/num-nodes-int",
+            doc="An int >= 1 (bools excluded).",
+            when=lambda c: _is_int(c.num_nodes_flag) and c.num_nodes_flag >= 1,  # type: ignore[operator]
+            then=_set_num_nodes,
+        ),
+        Rule(
+            id="flags/num-nodes-invalid",
+            doc="Anything else.",
+            when=always,
+            then=_refuse_num_nodes,
+            refuses="invalid-num-nodes",
+        ),
+    ),
+)
+
+# --------------------------------------------------------------------------- plugins
+
+
+def plugin_kind(obj: object) -> str | None:
+    """The kind a plugin object declares, or None if it declares none we know."""
+    kind = getattr(type(obj), "interlock_plugin_kind", None)
+    return kind if kind in PLUGIN_KINDS else None
+
+
+def _plugin_list(value: object) -> list[object] | None:
+    if value is None:
+        return []
+    if isinstance(value, (str, bytes)):
+        return None
+    if isinstance(value, Sequence):
+        return list(value)
+    return [value]
+
+
+def _plugin_problem(ctx: Context) -> str | None:
+    """Why the plugins flag is unusable, or None; sorts the plugins on success."""
+    if "plugins" in ctx.memo:
+        return ctx.memo["plugins"]  # type: ignore[return-value]
+    problem: str | None = None
+    items = _plugin_list(ctx.plugins_flag)
+    sorted_plugins = Plugins()
+    if items is None:
+        problem = (
+            "a string is not a plugin; pass precision='...' for a precision, or a plugin object"
+        )
+    else:
+        for obj in items:
+            kind = plugin_kind(obj)
+            if kind is None:
+                problem = (
+                    f"{obj!r} is not a precision, checkpoint IO or cluster environment plugin "
+                    "(its class declares no interlock_plugin_kind)"
+                )
+                break
+            if getattr(sorted_plugins, kind) is not None:
+                problem = f"two {kind.replace('_', ' ')} plugins were given; pass one"
+                break
+            if kind == "precision" and getattr(obj, "precision", None) not in PRECISION_ROWS:
+                problem = (
+                    f"precision plugin {obj!r} declares precision "
+                    f"{getattr(obj, 'precision', None)!r}, which is not a canonical precision"
+                )
+                break
+            if kind == "cluster_environment" and not (
+                isinstance(getattr(obj, "name", None), str)
+                and isinstance(getattr(obj, "creates_processes_externally", None), bool)
+            ):
+                problem = (
+                    f"cluster environment plugin {obj!r} must have a str 'name' and a bool "
+                    "'creates_processes_externally'"
+                )
+                break
+            setattr(sorted_plugins, kind, obj)
+    ctx.memo["plugins"] = problem
+    if problem is None:
+        ctx.plugins = sorted_plugins
+    return problem
+
+
+def _set_plugins(ctx: Context) -> str:
+    given = ctx.plugins.given()
+    if not given:
+        return "no plugins"
+    return "plugins: " + ", ".join(
+        f"{plugin_kind(p)}={type(p).__name__}" for p in given
+    )
+
+
+def _refuse_plugins(ctx: Context) -> str:
+    refuse(
+        "invalid-plugin",
+        flag="plugins",
+        value=ctx.plugins_flag,
+        reason=f"{_plugin_problem(ctx)}.",
+        choices=PLUGIN_KINDS,
+    )
+
+
+PLUGINS_FLAG = Decision(
+    id="flags/plugins",
+    doc="Sort plugin objects by the kind their class declares: at most one precision, "
+    "one checkpoint IO and one cluster environment plugin.",
+    rules=(
+        Rule(
+            id="flags/plugins-sorted",
+            doc="Every object declares a known kind, each kind at most once.",
+            when=lambda c: _plugin_problem(c) is None,
+            then=_set_plugins,
+        ),
+        Rule(
+            id="flags/plugins-invalid",
+            doc="Anything else (strings, unknown objects, duplicates).",
+            when=always,
+            then=_refuse_plugins,
+            refuses="invalid-plugin",
+        ),
+    ),
+)
+
+# --------------------------------------------------------------------------- conflicts
+
+
+def _refuse_precision_conflict(ctx: Context) -> str:
+    plugin_precision = getattr(ctx.plugins.precision, "precision", None)
+    refuse(
+        "conflicting-flags",
+        flag="precision",
+        value=ctx.precision_flag,
+        reason=f"a precision plugin ({type(ctx.plugins.precision).__name__}, precision "
+        f"{plugin_precision!r}) was also given; one of them would be ignored.",
+        choices=(f"precision={DEFAULT_PRECISION!r} with the plugin", "no precision plugin"),
+    )
+
+
+def _no_conflict(ctx: Context) -> str:
+    return "no two flags set the same thing"
+
+
+CONFLICTS = Decision(
+    id="flags/conflicts",
+    doc="Two flags must not set the same thing.",
+    rules=(
+        Rule(
+            id="flags/precision-and-plugin",
+            doc="A precision plugin together with a non-default precision= is refused "
+            "rather than one silently winning.",
+            when=lambda c: c.plugins.precision is not None
+            and c.precision_input != DEFAULT_PRECISION,
+            then=_refuse_precision_conflict,
+            refuses="conflicting-flags",
+        ),
+        Rule(id="flags/no-conflict", doc="Otherwise.", when=always, then=_no_conflict),
+    ),
+)
+
+FLAGS_STAGE = Stage(
+    name="flags",
+    doc="Parse each flag into a typed value; refuse what cannot be parsed.",
+    decisions=(
+        ACCELERATOR_FLAG,
+        DEVICES_FLAG,
+        STRATEGY_FLAG,
+        PRECISION_FLAG,
+        NUM_NODES_FLAG,
+        PLUGINS_FLAG,
+        CONFLICTS,
+    ),
+)

@@ -1,0 +1,170 @@
+"""A frozen snapshot of the machine facts the engine decides on."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import multiprocessing
+import os
+import sys
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+#: Optional packages whose presence changes what the engine may choose.
+OPTIONAL_PACKAGES: tuple[str, ...] = (
+    "torch_xla",
+    "deepspeed",
+    "transformer_engine",
+    "bitsandbytes",
+)
+
+#: Multiprocessing start methods the engine knows about.
+START_METHODS: tuple[str, ...] = ("fork", "spawn", "forkserver")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Machine:
+    """What the engine knows about a machine; any machine can be simulated.
+
+    Attributes:
+        cuda_devices: number of visible CUDA devices.
+        mps_available: whether Apple's MPS backend is usable.
+        xla_devices: number of XLA devices (TPU cores) addressable from this host.
+        environ: the environment variables that matter to cluster detection.
+        interactive: whether the code runs in an interactive session (REPL, notebook).
+        start_methods: multiprocessing start methods this platform offers.
+        packages: importable optional packages among :data:`OPTIONAL_PACKAGES`.
+    """
+
+    cuda_devices: int = 0
+    mps_available: bool = False
+    xla_devices: int = 0
+    environ: Mapping[str, str] = field(default_factory=dict)
+    interactive: bool = False
+    start_methods: tuple[str, ...] = START_METHODS
+    packages: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        for name in ("cuda_devices", "xla_devices"):
+            count = getattr(self, name)
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                raise ValueError(f"Machine.{name} must be an int >= 0, got {count!r}")
+        for name in ("mps_available", "interactive"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Machine.{name} must be a bool, got {getattr(self, name)!r}")
+        unknown = [m for m in self.start_methods if m not in START_METHODS]
+        if unknown:
+            raise ValueError(
+                f"Machine.start_methods has unknown start methods {unknown}; "
+                f"known: {', '.join(START_METHODS)}"
+            )
+        bad = sorted(set(self.packages) - set(OPTIONAL_PACKAGES))
+        if bad:
+            raise ValueError(
+                f"Machine.packages has packages the engine does not consult {bad}; "
+                f"known: {', '.join(OPTIONAL_PACKAGES)}"
+            )
+        env = {str(k): str(v) for k, v in dict(self.environ).items()}
+        object.__setattr__(self, "environ", MappingProxyType(env))
+        object.__setattr__(self, "start_methods", tuple(self.start_methods))
+        object.__setattr__(self, "packages", frozenset(self.packages))
+
+    def __hash__(self) -> int:
+        return hash(
+            (
+                self.cuda_devices,
+                self.mps_available,
+                self.xla_devices,
+                tuple(sorted(self.environ.items())),
+                self.interactive,
+                self.start_methods,
+                self.packages,
+            )
+        )
+
+    def describe(self) -> str:
+        """One line that names every fact, as used in error messages and `doctor`."""
+        parts = [
+            f"{self.cuda_devices} CUDA device{'s' if self.cuda_devices != 1 else ''}",
+            "MPS available" if self.mps_available else "no MPS",
+            f"{self.xla_devices} XLA device{'s' if self.xla_devices != 1 else ''}",
+            "interactive" if self.interactive else "not interactive",
+            "start methods " + (", ".join(self.start_methods) or "none"),
+            "packages " + (", ".join(sorted(self.packages)) or "none"),
+        ]
+        if self.environ:
+            parts.append("env " + " ".join(f"{k}={v}" for k, v in sorted(self.environ.items())))
+        return "; ".join(parts)
+
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-friendly view."""
+        return {
+            "cuda_devices": self.cuda_devices,
+            "mps_available": self.mps_available,
+            "xla_devices": self.xla_devices,
+            "environ": dict(self.environ),
+            "interactive": self.interactive,
+            "start_methods": list(self.start_methods),
+            "packages": sorted(self.packages),
+        }
+
+    @classmethod
+    def probe(cls) -> Machine:
+        """Read the real machine without initialising CUDA or XLA runtimes.
+
+        Device counts and installed packages are read once per process (torch is
+        imported on the first call); the environment and interactivity are read
+        on every call because they can change.
+        """
+        from interlock.connector.tables import ENVIRONMENT_VARIABLES
+
+        cuda, mps, xla, packages = _probe_devices()
+        environ = {k: os.environ[k] for k in ENVIRONMENT_VARIABLES if k in os.environ}
+        return cls(
+            cuda_devices=cuda,
+            mps_available=mps,
+            xla_devices=xla,
+            environ=environ,
+            interactive=_is_interactive(),
+            start_methods=tuple(
+                m for m in multiprocessing.get_all_start_methods() if m in START_METHODS
+            ),
+            packages=packages,
+        )
+
+
+def _is_interactive() -> bool:
+    if hasattr(sys, "ps1") or sys.flags.interactive:
+        return True
+    ipython = sys.modules.get("IPython")
+    get_ipython = getattr(ipython, "get_ipython", None)
+    return callable(get_ipython) and get_ipython() is not None
+
+
+@functools.lru_cache(maxsize=1)
+def _probe_devices() -> tuple[int, bool, int, frozenset[str]]:
+    packages = frozenset(
+        name for name in OPTIONAL_PACKAGES if importlib.util.find_spec(name) is not None
+    )
+    with warnings.catch_warnings():
+        # A CPU-only torch without numpy warns on import; irrelevant to probing.
+        warnings.filterwarnings("ignore", message=".*NumPy.*")
+        import torch
+
+    # device_count() asks NVML first, so it does not create a CUDA context and
+    # leaves fork usable.
+    cuda = int(torch.cuda.device_count())
+    mps = bool(torch.backends.mps.is_available())
+    xla = _probe_xla_devices() if "torch_xla" in packages else 0
+    return cuda, mps, xla, packages
+
+
+def _probe_xla_devices() -> int:  # pragma: no cover - needs torch_xla
+    try:
+        import torch_xla.runtime as xr
+
+        return int(xr.addressable_device_count())
+    except Exception:  # noqa: BLE001 - a broken XLA install means no XLA devices
+        return 0

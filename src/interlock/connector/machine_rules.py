@@ -1,0 +1,668 @@
+"""Stages 2-4: the accelerator, the devices and the cluster environment."""
+
+from __future__ import annotations
+
+from interlock.connector.rules import (
+    Action,
+    Context,
+    Decision,
+    Predicate,
+    Rule,
+    Stage,
+    always,
+    refuse,
+)
+from interlock.connector.tables import (
+    ACCELERATOR_CHOOSERS,
+    ACCELERATOR_NAMES,
+    ACCELERATOR_ROWS,
+    CLUSTER_ROWS,
+    CLUSTERS,
+    INSTALL_HINTS,
+    SLURM_INTERACTIVE_JOB_NAMES,
+    AcceleratorRow,
+    ClusterRow,
+)
+
+# --------------------------------------------------------------------------- accelerator
+
+_FACT_WORDS = {
+    "cuda_devices": "CUDA devices",
+    "mps_available": "Apple MPS devices",
+    "xla_devices": "XLA devices",
+}
+
+
+def device_count(row: AcceleratorRow, ctx: Context) -> int | None:
+    """Devices of this kind on the machine; None for the CPU (any number)."""
+    if row.machine_fact is None:
+        return None
+    return int(getattr(ctx.machine, row.machine_fact))
+
+
+def _missing_packages(row: AcceleratorRow, ctx: Context) -> tuple[str, ...]:
+    return tuple(p for p in row.requires if p not in ctx.machine.packages)
+
+
+def _available(name: str, ctx: Context) -> bool:
+    row = ACCELERATOR_ROWS[name]
+    return not _missing_packages(row, ctx) and device_count(row, ctx) != 0
+
+
+def _available_names(ctx: Context) -> tuple[str, ...]:
+    return tuple(n for n in ACCELERATOR_NAMES if _available(n, ctx))
+
+
+def _fact(row: AcceleratorRow, ctx: Context) -> str:
+    """The machine fact behind an accelerator's availability, in words."""
+    if row.machine_fact is None:
+        return "the CPU is always available"
+    if isinstance(getattr(ctx.machine, row.machine_fact), bool):
+        available = getattr(ctx.machine, row.machine_fact)
+        return f"{_FACT_WORDS[row.machine_fact]} {'are' if available else 'are not'} available"
+    return f"this machine has {device_count(row, ctx)} {_FACT_WORDS[row.machine_fact]}"
+
+
+def _explicit(ctx: Context) -> bool:
+    return ctx.accelerator_input in ACCELERATOR_ROWS
+
+
+def _refuse_missing(ctx: Context) -> str:
+    row = ACCELERATOR_ROWS[ctx.accelerator_input]
+    missing = _missing_packages(row, ctx)
+    refuse(
+        "missing-package",
+        flag="accelerator",
+        value=ctx.accelerator_flag,
+        reason=f"the {row.name} accelerator needs {', '.join(missing)}, which is not "
+        f"installed (install: {'; '.join(INSTALL_HINTS[p] for p in missing)}).",
+        choices=_available_names(ctx),
+    )
+
+
+def _refuse_unavailable(ctx: Context) -> str:
+    row = ACCELERATOR_ROWS[ctx.accelerator_input]
+    refuse(
+        "accelerator-unavailable",
+        flag="accelerator",
+        value=ctx.accelerator_flag,
+        reason=f"{_fact(row, ctx)}.",
+        choices=_available_names(ctx),
+    )
+
+
+def _choose_explicit(ctx: Context) -> str:
+    ctx.accelerator = ctx.accelerator_input
+    ctx.accelerator_reason = f"accelerator={ctx.accelerator_flag!r} was asked for"
+    return f"{ctx.accelerator!r} was asked for and is available"
+
+
+def _chooser_rule(chooser: str, name: str) -> Rule:
+    row = ACCELERATOR_ROWS[name]
+
+    def then(ctx: Context) -> str:
+        ctx.accelerator = name
+        why = "always available" if row.machine_fact is None else (
+            f"{_fact(row, ctx)}" + (f" and {', '.join(row.requires)} is installed"
+                                    if row.requires else "")
+        )
+        ctx.accelerator_reason = f"accelerator={ctx.accelerator_flag!r} chose {name!r}: {why}"
+        if chooser != "auto":
+            ctx.note(f"accelerator={ctx.accelerator_flag!r} chose {name!r} ({why})")
+        return f"{chooser!r} chose {name!r}: {why}"
+
+    order = ", ".join(ACCELERATOR_CHOOSERS[chooser])
+    return Rule(
+        id=f"accelerator/{chooser}-{name}",
+        doc=f"accelerator='{chooser}' takes {name} when available (order: {order}).",
+        when=lambda c: c.accelerator_input == chooser and _available(name, c),
+        then=then,
+    )
+
+
+def _refuse_chooser(ctx: Context) -> str:
+    facts = "; ".join(
+        _fact(ACCELERATOR_ROWS[n], ctx) for n in ACCELERATOR_CHOOSERS[ctx.accelerator_input]
+    )
+    refuse(
+        "accelerator-unavailable",
+        flag="accelerator",
+        value=ctx.accelerator_flag,
+        reason=f"no device it can pick is present: {facts}.",
+        choices=_available_names(ctx),
+    )
+
+
+ACCELERATOR_CHOICE = Decision(
+    id="accelerator/choose",
+    doc="Pick the accelerator: an explicit one must be present; 'auto' and 'gpu' pick "
+    "by preference.",
+    rules=(
+        Rule(
+            id="accelerator/explicit-missing-package",
+            doc="An explicit accelerator whose package is not installed (xla without "
+            "torch_xla).",
+            when=lambda c: _explicit(c)
+            and bool(_missing_packages(ACCELERATOR_ROWS[c.accelerator_input], c)),
+            then=_refuse_missing,
+            refuses="missing-package",
+        ),
+        Rule(
+            id="accelerator/explicit-unavailable",
+            doc="An explicit accelerator the machine has no device of.",
+            when=lambda c: _explicit(c) and not _available(c.accelerator_input, c),
+            then=_refuse_unavailable,
+            refuses="accelerator-unavailable",
+        ),
+        Rule(
+            id="accelerator/explicit",
+            doc="An explicit accelerator that is present.",
+            when=_explicit,
+            then=_choose_explicit,
+        ),
+        *(
+            _chooser_rule(chooser, name)
+            for chooser, order in ACCELERATOR_CHOOSERS.items()
+            for name in order
+        ),
+        Rule(
+            id="accelerator/none-available",
+            doc="'gpu' on a machine without MPS or CUDA.",
+            when=always,
+            then=_refuse_chooser,
+            refuses="accelerator-unavailable",
+        ),
+    ),
+)
+
+ACCELERATOR_STAGE = Stage(
+    name="accelerator",
+    doc="Choose the accelerator from the flag and the machine.",
+    decisions=(ACCELERATOR_CHOICE,),
+)
+
+# --------------------------------------------------------------------------- devices
+
+
+def _place(ctx: Context, devices: tuple[str, ...]) -> None:
+    ctx.parallel_devices = devices
+
+
+def _indexed(name: str, ids: tuple[int, ...] | range) -> tuple[str, ...]:
+    return tuple(f"{name}:{i}" for i in ids)
+
+
+def _count(ctx: Context) -> int:
+    return device_count(ACCELERATOR_ROWS[ctx.accelerator], ctx) or 0
+
+
+def _on(name: str, *kinds: str) -> Predicate:
+    return lambda c: c.accelerator == name and c.devices.kind in kinds
+
+
+def _cpu_processes(ctx: Context) -> str:
+    n = 1 if ctx.devices.kind == "auto" else ctx.devices.count
+    _place(ctx, ("cpu",) * n)
+    return f"{n} CPU process{'es' if n != 1 else ''}"
+
+
+def _refuse_cpu_devices(ctx: Context) -> str:
+    refuse(
+        "invalid-devices",
+        flag="devices",
+        value=ctx.devices_flag,
+        reason="on cpu, devices is the number of processes: an int > 0 or a digit string; "
+        "-1 and device ids mean nothing there.",
+        choices=("auto", "1", "2"),
+    )
+
+
+def _cuda_auto_interactive(ctx: Context) -> str:
+    _place(ctx, ("cuda:0",))
+    ctx.note(
+        f"devices='auto' in an interactive session uses 1 of {_count(ctx)} CUDA devices; "
+        "pass devices=-1 (with strategy='ddp_notebook') to use them all"
+    )
+    return f"interactive session: 1 of {_count(ctx)} CUDA devices"
+
+
+def _all_indexed(ctx: Context) -> str:
+    n = _count(ctx)
+    _place(ctx, _indexed(ctx.accelerator, range(n)))
+    return f"all {n} {ctx.accelerator} devices"
+
+
+def _count_indexed(ctx: Context) -> str:
+    _place(ctx, _indexed(ctx.accelerator, range(ctx.devices.count)))
+    return f"the first {ctx.devices.count} of {_count(ctx)} {ctx.accelerator} devices"
+
+
+def _ids_indexed(ctx: Context) -> str:
+    _place(ctx, _indexed(ctx.accelerator, ctx.devices.ids))
+    return f"{ctx.accelerator} devices {', '.join(map(str, ctx.devices.ids))}"
+
+
+def _device_choices(ctx: Context) -> tuple[str, ...]:
+    n = _count(ctx)
+    return ("auto", "-1", *(str(i) for i in range(1, n + 1)))
+
+
+def _refuse_unavailable_devices(ctx: Context) -> str:
+    n = _count(ctx)
+    row = ACCELERATOR_ROWS[ctx.accelerator]
+    asked = ctx.devices.describe()
+    valid_ids = f"ids 0..{n - 1}" if n > 1 else "id 0"
+    refuse(
+        "devices-unavailable",
+        flag="devices",
+        value=ctx.devices_flag,
+        reason=f"{asked} asked for, but {_fact(row, ctx)} ({valid_ids}).",
+        choices=_device_choices(ctx),
+    )
+
+
+def _too_many(ctx: Context) -> bool:
+    n = _count(ctx)
+    if ctx.devices.kind == "count":
+        return ctx.devices.count > n
+    if ctx.devices.kind == "ids":
+        return max(ctx.devices.ids) >= n
+    return False
+
+
+def _mps_one(ctx: Context) -> str:
+    _place(ctx, ("mps:0",))
+    return "the one MPS device"
+
+
+def _mps_fits(ctx: Context) -> bool:
+    d = ctx.devices
+    return d.kind in ("auto", "all") or (d.kind == "count" and d.count == 1) or d.ids == (0,)
+
+
+def _xla_fits_one(ctx: Context) -> bool:
+    return ctx.devices.kind == "count" and ctx.devices.count == 1
+
+
+def _xla_all(ctx: Context) -> bool:
+    d = ctx.devices
+    return d.kind in ("auto", "all") or (d.kind == "count" and d.count == _count(ctx))
+
+
+def _xla_index(ctx: Context) -> bool:
+    return ctx.devices.kind == "ids" and len(ctx.devices.ids) == 1 and not _too_many(ctx)
+
+
+def _refuse_xla_devices(ctx: Context) -> str:
+    n = _count(ctx)
+    refuse(
+        "invalid-devices",
+        flag="devices",
+        value=ctx.devices_flag,
+        reason=f"xla runs on 1 device, on all {n}, or on one index [i]; "
+        f"{ctx.devices.describe()} is none of these.",
+        choices=("1", str(n), "-1", "[0]"),
+    )
+
+
+DEVICES_CHOICE = Decision(
+    id="devices/place",
+    doc="Turn the devices flag into the devices of one node for the chosen accelerator.",
+    rules=(
+        Rule(
+            id="devices/cpu-processes",
+            doc="cpu: 'auto' is 1 process; a count N is N processes.",
+            when=_on("cpu", "auto", "count"),
+            then=_cpu_processes,
+        ),
+        Rule(
+            id="devices/cpu-refused",
+            doc="cpu: -1 and id lists are refused (a CPU has no device ids).",
+            when=lambda c: c.accelerator == "cpu",
+            then=_refuse_cpu_devices,
+            refuses="invalid-devices",
+        ),
+        Rule(
+            id="devices/cuda-auto-interactive",
+            doc="cuda, 'auto', interactive session, several GPUs: 1 device (noted).",
+            when=lambda c: c.accelerator == "cuda" and c.devices.kind == "auto"
+            and c.machine.interactive and c.machine.cuda_devices > 1,
+            then=_cuda_auto_interactive,
+        ),
+        Rule(
+            id="devices/cuda-unavailable",
+            doc="cuda: a count or id beyond the visible devices.",
+            when=lambda c: c.accelerator == "cuda" and _too_many(c),
+            then=_refuse_unavailable_devices,
+            refuses="devices-unavailable",
+        ),
+        Rule(
+            id="devices/cuda-all",
+            doc="cuda: 'auto' or -1 is every visible device.",
+            when=_on("cuda", "auto", "all"),
+            then=_all_indexed,
+        ),
+        Rule(
+            id="devices/cuda-count",
+            doc="cuda: N is devices 0..N-1.",
+            when=_on("cuda", "count"),
+            then=_count_indexed,
+        ),
+        Rule(
+            id="devices/cuda-ids",
+            doc="cuda: explicit ids.",
+            when=_on("cuda", "ids"),
+            then=_ids_indexed,
+        ),
+        Rule(
+            id="devices/mps-one",
+            doc="mps: 'auto', -1, 1 or [0] is the one device.",
+            when=lambda c: c.accelerator == "mps" and _mps_fits(c),
+            then=_mps_one,
+        ),
+        Rule(
+            id="devices/mps-unavailable",
+            doc="mps: anything more than its one device.",
+            when=lambda c: c.accelerator == "mps",
+            then=_refuse_unavailable_devices,
+            refuses="devices-unavailable",
+        ),
+        Rule(
+            id="devices/xla-one",
+            doc="xla: 1 is the first device.",
+            when=lambda c: c.accelerator == "xla" and _xla_fits_one(c),
+            then=_count_indexed,
+        ),
+        Rule(
+            id="devices/xla-all",
+            doc="xla: 'auto', -1 or the full count is every device.",
+            when=lambda c: c.accelerator == "xla" and _xla_all(c),
+            then=_all_indexed,
+        ),
+        Rule(
+            id="devices/xla-index",
+            doc="xla: [i] is the one device i.",
+            when=lambda c: c.accelerator == "xla" and _xla_index(c),
+            then=_ids_indexed,
+        ),
+        Rule(
+            id="devices/xla-unavailable",
+            doc="xla: a count or index beyond the devices.",
+            when=lambda c: c.accelerator == "xla" and _too_many(c),
+            then=_refuse_unavailable_devices,
+            refuses="devices-unavailable",
+        ),
+        Rule(
+            id="devices/xla-refused",
+            doc="xla: other counts and several ids.",
+            when=always,
+            then=_refuse_xla_devices,
+            refuses="invalid-devices",
+        ),
+    ),
+)
+
+DEVICES_STAGE = Stage(
+    name="devices",
+    doc="Place the processes of one node on devices.",
+    decisions=(DEVICES_CHOICE,),
+)
+
+# --------------------------------------------------------------------------- cluster
+
+
+def _use_cluster(ctx: Context, row: ClusterRow) -> None:
+    ctx.cluster = row.name
+    ctx.cluster_row = row
+    ctx.cluster_external = row.external
+
+
+def _from_plugin(ctx: Context) -> str:
+    plugin = ctx.plugins.cluster_environment
+    name = str(getattr(plugin, "name", ""))
+    ctx.cluster = name
+    ctx.cluster_row = CLUSTER_ROWS.get(name)
+    ctx.cluster_external = bool(getattr(plugin, "creates_processes_externally", False))
+    return f"the cluster environment plugin {type(plugin).__name__} ({name!r}) is used as given"
+
+
+def _xla_cluster(ctx: Context) -> str:
+    _use_cluster(ctx, CLUSTER_ROWS["xla"])
+    return "the xla accelerator runs under the XLA runtime's environment"
+
+
+def _slurm_local(why: str) -> Action:
+    def then(ctx: Context) -> str:
+        _use_cluster(ctx, CLUSTER_ROWS["local"])
+        ctx.note(f"{why}: interlock's launcher starts the processes, SLURM only allocated them")
+        return why
+
+    return then
+
+
+def _slurm_single_task(ctx: Context) -> bool:
+    env = ctx.machine.environ
+    return (
+        "SLURM_NTASKS" in env
+        and env["SLURM_NTASKS"].strip() == "1"
+        and ctx.num_nodes == 1
+        and ctx.devices_per_node > 1
+    )
+
+
+def _detect_rule(row: ClusterRow) -> Rule:
+    detect = row.detect
+    if detect is None:
+        raise RuntimeError(f"internal error: cluster row {row.name!r} has no detector")
+
+    def then(ctx: Context) -> str:
+        _use_cluster(ctx, row)
+        return f"{row.description}: {row.detect_doc}"
+
+    return Rule(
+        id=f"cluster/{row.name}",
+        doc=f"{row.description}, detected when {row.detect_doc}.",
+        when=lambda c: detect(c.machine.environ),
+        then=then,
+    )
+
+
+def _local(ctx: Context) -> str:
+    _use_cluster(ctx, CLUSTER_ROWS["local"])
+    return "no cluster environment detected"
+
+
+CLUSTER_CHOICE = Decision(
+    id="cluster/detect",
+    doc="Choose the cluster environment: a plugin wins, then the detectors in table order.",
+    rules=(
+        Rule(
+            id="cluster/plugin",
+            doc="A cluster environment plugin is used as given.",
+            when=lambda c: c.plugins.cluster_environment is not None,
+            then=_from_plugin,
+        ),
+        Rule(
+            id="cluster/xla",
+            doc="The xla accelerator runs under the XLA environment.",
+            when=lambda c: c.accelerator == "xla",
+            then=_xla_cluster,
+        ),
+        _detect_rule(CLUSTER_ROWS["torchelastic"]),
+        Rule(
+            id="cluster/slurm-interactive",
+            doc="A SLURM allocation whose job name is 'bash' or 'interactive' (salloc) is "
+            "treated as local (noted).",
+            when=lambda c: "SLURM_NTASKS" in c.machine.environ
+            and c.machine.environ.get("SLURM_JOB_NAME") in SLURM_INTERACTIVE_JOB_NAMES,
+            then=_slurm_local("interactive SLURM allocation"),
+        ),
+        Rule(
+            id="cluster/slurm-single-task",
+            doc="A one-task SLURM job asked for several devices on one node is treated as "
+            "local: interlock's launcher starts the processes (noted).",
+            when=_slurm_single_task,
+            then=_slurm_local("SLURM job with a single task"),
+        ),
+        *(_detect_rule(row) for row in CLUSTERS if row.detect is not None
+          and row.name != "torchelastic"),
+        Rule(id="cluster/local", doc="Nothing else matched.", when=always, then=_local),
+    ),
+)
+
+
+def _read(ctx: Context, names: tuple[str, ...]) -> tuple[str, int] | None:
+    """The first of ``names`` that is set, with its value; None when none is set.
+
+    SLURM writes per-node counts like "2(x3)"; the leading number is the count.
+    """
+    for name in names:
+        raw = ctx.machine.environ.get(name)
+        if raw is None:
+            continue
+        head = raw.strip().split("(", 1)[0]
+        if not head.isdigit():
+            raise ValueError(name)
+        return name, int(head)
+    return None
+
+
+def _bad_variable(ctx: Context) -> str | None:
+    row = ctx.cluster_row
+    if row is None or not ctx.cluster_external:
+        return None
+    for names in (row.world_size_vars, row.local_size_vars, row.nodes_vars):
+        try:
+            _read(ctx, names)
+        except ValueError as exc:
+            return str(exc)
+    return None
+
+
+def _refuse_bad_variable(ctx: Context) -> str:
+    name = _bad_variable(ctx) or ""
+    refuse(
+        "invalid-environment",
+        flag="environment",
+        value=f"{name}={ctx.machine.environ.get(name)}",
+        reason=f"{ctx.cluster} was detected, but {name}={ctx.machine.environ.get(name)!r} "
+        "is not a process count (heterogeneous layouts are not supported).",
+    )
+
+
+def _external_row(ctx: Context) -> ClusterRow | None:
+    return ctx.cluster_row if ctx.cluster_external else None
+
+
+def _per_node_mismatch(ctx: Context) -> tuple[str, int] | None:
+    row = _external_row(ctx)
+    if row is None:
+        return None
+    found = _read(ctx, row.local_size_vars)
+    if found is None and row.one_process_per_node:
+        found = ("one process per node", 1)
+    return found if found is not None and found[1] != ctx.devices_per_node else None
+
+
+def _refuse_per_node(ctx: Context) -> str:
+    name, value = _per_node_mismatch(ctx) or ("", 0)
+    source = name if " " in name else f"{name}={value}"
+    refuse(
+        "cluster-mismatch",
+        flag="devices",
+        value=ctx.devices_flag,
+        reason=f"{ctx.cluster} starts {value} process{'es' if value != 1 else ''} per node "
+        f"({source}) but devices={ctx.devices_flag!r} places {ctx.devices_per_node} per "
+        "node; the two must agree.",
+        choices=(str(value),),
+    )
+
+
+def _nodes_mismatch(ctx: Context) -> tuple[str, int] | None:
+    row = _external_row(ctx)
+    found = _read(ctx, row.nodes_vars) if row is not None else None
+    return found if found is not None and found[1] != ctx.num_nodes else None
+
+
+def _refuse_nodes(ctx: Context) -> str:
+    name, value = _nodes_mismatch(ctx) or ("", 0)
+    refuse(
+        "cluster-mismatch",
+        flag="num_nodes",
+        value=ctx.num_nodes_flag,
+        reason=f"{ctx.cluster} runs the job on {value} node{'s' if value != 1 else ''} "
+        f"({name}={value}) but num_nodes={ctx.num_nodes}; the two must agree.",
+        choices=(str(value),),
+    )
+
+
+def _world_mismatch(ctx: Context) -> tuple[str, int] | None:
+    row = _external_row(ctx)
+    found = _read(ctx, row.world_size_vars) if row is not None else None
+    return found if found is not None and found[1] != ctx.world_size else None
+
+
+def _refuse_world(ctx: Context) -> str:
+    name, value = _world_mismatch(ctx) or ("", 0)
+    per_node, rest = divmod(value, ctx.num_nodes)
+    refuse(
+        "cluster-mismatch",
+        flag="devices",
+        value=ctx.devices_flag,
+        reason=f"{ctx.cluster} started {value} process{'es' if value != 1 else ''} in all "
+        f"({name}={value}) but devices={ctx.devices_flag!r} x num_nodes={ctx.num_nodes} "
+        f"makes {ctx.world_size}; the two must agree.",
+        choices=(str(per_node),) if rest == 0 and per_node > 0 else (),
+    )
+
+
+def _consistent(ctx: Context) -> str:
+    if not ctx.cluster_external:
+        return f"{ctx.cluster}: the processes will be created by interlock"
+    return f"{ctx.cluster} agrees with {ctx.devices_per_node} device(s) x {ctx.num_nodes} node(s)"
+
+
+CLUSTER_CHECK = Decision(
+    id="cluster/check",
+    doc="An external cluster's geometry must match devices x num_nodes, checked before any "
+    "process group is made.",
+    rules=(
+        Rule(
+            id="cluster/unreadable-variable",
+            doc="A count variable of the detected cluster is not a number.",
+            when=lambda c: _bad_variable(c) is not None,
+            then=_refuse_bad_variable,
+            refuses="invalid-environment",
+        ),
+        Rule(
+            id="cluster/processes-per-node-mismatch",
+            doc="The per-node process count (LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE, "
+            "OMPI_COMM_WORLD_LOCAL_SIZE; Kubeflow: 1) differs from the devices per node.",
+            when=lambda c: _per_node_mismatch(c) is not None,
+            then=_refuse_per_node,
+            refuses="cluster-mismatch",
+        ),
+        Rule(
+            id="cluster/nodes-mismatch",
+            doc="The node count (GROUP_WORLD_SIZE, SLURM_NNODES) differs from num_nodes.",
+            when=lambda c: _nodes_mismatch(c) is not None,
+            then=_refuse_nodes,
+            refuses="cluster-mismatch",
+        ),
+        Rule(
+            id="cluster/world-size-mismatch",
+            doc="The total process count (WORLD_SIZE, SLURM_NTASKS, JSM_NAMESPACE_SIZE, "
+            "OMPI_COMM_WORLD_SIZE, PMI_SIZE) differs from devices x num_nodes.",
+            when=lambda c: _world_mismatch(c) is not None,
+            then=_refuse_world,
+            refuses="cluster-mismatch",
+        ),
+        Rule(id="cluster/consistent", doc="Otherwise.", when=always, then=_consistent),
+    ),
+)
+
+CLUSTER_STAGE = Stage(
+    name="cluster",
+    doc="Detect the cluster environment and check the job's geometry against the flags.",
+    decisions=(CLUSTER_CHOICE, CLUSTER_CHECK),
+)

@@ -1,0 +1,181 @@
+"""`plan()`: flags and a machine in, a `Plan` (or one `ResolutionError`) out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Union
+
+from interlock.connector.flag_rules import FLAGS_STAGE, plugin_kind
+from interlock.connector.machine import Machine
+from interlock.connector.machine_rules import ACCELERATOR_STAGE, CLUSTER_STAGE, DEVICES_STAGE
+from interlock.connector.registry import strategy_specs
+from interlock.connector.rules import Context, Stage, TraceStep, run_stages
+from interlock.connector.specs import StrategySpec
+from interlock.connector.strategy_rules import PLUGINS_STAGE, PRECISION_STAGE, STRATEGY_STAGE
+
+#: The stages, in the order they run.
+STAGES: tuple[Stage, ...] = (
+    FLAGS_STAGE,
+    ACCELERATOR_STAGE,
+    DEVICES_STAGE,
+    CLUSTER_STAGE,
+    STRATEGY_STAGE,
+    PRECISION_STAGE,
+    PLUGINS_STAGE,
+)
+
+#: What the devices flag accepts: "auto", a count, -1, "0,1"-style ids, or a list of ids.
+DevicesFlag = Union[int, str, Sequence[int]]
+#: What the precision flag accepts: a canonical name or a legacy alias (16, "bf16", ...).
+PrecisionFlag = Union[str, int]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """A resolved, validated distributed setup, before anything is started.
+
+    Attributes:
+        accelerator: canonical accelerator name (cpu, cuda, mps, xla).
+        strategy: canonical strategy name from the registry.
+        precision: canonical precision name.
+        parallel_devices: torch device strings of the processes on one node.
+        num_nodes: number of nodes.
+        world_size: total number of processes.
+        launcher: how the processes are created, or None for in-process strategies.
+        cluster_environment: where ranks and addresses come from.
+        checkpoint_io: which checkpoint IO saves and loads.
+        notes: everything the user should be told (aliases used, substitutions).
+        trace: every rule applied, in order.
+        spec: the strategy's registry row.
+        plugins: plugin objects given by the user, to be wired by the runtime.
+        machine: the machine snapshot the plan was made for.
+    """
+
+    accelerator: str
+    strategy: str
+    precision: str
+    parallel_devices: tuple[str, ...]
+    num_nodes: int
+    world_size: int
+    launcher: str | None
+    cluster_environment: str
+    checkpoint_io: str
+    notes: tuple[str, ...]
+    trace: tuple[TraceStep, ...]
+    spec: StrategySpec = field(repr=False)
+    plugins: tuple[object, ...] = field(default=(), repr=False)
+    machine: Machine = field(default_factory=Machine, repr=False, compare=False)
+
+    @property
+    def devices(self) -> int:
+        """Processes (devices) per node."""
+        return len(self.parallel_devices)
+
+    def summary(self) -> str:
+        """One line: what will run, where, and how."""
+        nodes = f"{self.num_nodes} node{'s' if self.num_nodes != 1 else ''}"
+        return (
+            f"{self.strategy} on {self.devices} x {self.accelerator} x {nodes} "
+            f"(world size {self.world_size}), precision {self.precision}"
+        )
+
+    def explain(self) -> str:
+        """Multi-line text: the outcome, the notes, and every rule that decided it."""
+        lines = [
+            f"Plan: {self.summary()}",
+            f"  devices per node:     {', '.join(self.parallel_devices)}",
+            f"  launcher:             {self.launcher or 'none (runs in this process)'}",
+            f"  cluster environment:  {self.cluster_environment}",
+            f"  checkpoint IO:        {self.checkpoint_io}",
+        ]
+        if self.plugins:
+            lines.append(
+                "  plugins:              "
+                + ", ".join(f"{plugin_kind(p)}={type(p).__name__}" for p in self.plugins)
+            )
+        if self.notes:
+            lines.append("Notes:")
+            lines.extend(f"  - {note}" for note in self.notes)
+        lines.append("How it was decided:")
+        width = max(len(step.rule) for step in self.trace)
+        for i, step in enumerate(self.trace, 1):
+            lines.append(f"  {i:2d}. {step.rule:<{width}}  {step.reason}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-friendly view (plugins by class name)."""
+        return {
+            "accelerator": self.accelerator,
+            "strategy": self.strategy,
+            "precision": self.precision,
+            "parallel_devices": list(self.parallel_devices),
+            "num_nodes": self.num_nodes,
+            "world_size": self.world_size,
+            "launcher": self.launcher,
+            "cluster_environment": self.cluster_environment,
+            "checkpoint_io": self.checkpoint_io,
+            "plugins": [type(p).__name__ for p in self.plugins],
+            "notes": list(self.notes),
+            "trace": [step.to_dict() for step in self.trace],
+        }
+
+
+def plan(
+    accelerator: str = "auto",
+    devices: DevicesFlag = "auto",
+    strategy: str = "auto",
+    precision: PrecisionFlag = "32-true",
+    num_nodes: int = 1,
+    plugins: object = None,
+    machine: Machine | None = None,
+) -> Plan:
+    """Resolve training flags on a machine into a validated `Plan`.
+
+    Pure: no process group, no CUDA initialisation, no environment change. The same
+    flags on the same `Machine` always give the same plan.
+
+    Args:
+        accelerator: "auto", "cpu", "cuda", "gpu", "mps", "tpu" or "xla".
+        devices: "auto", a count, -1 for all, "0,1"-style ids, or a list of ids.
+        strategy: a registered strategy name or "auto".
+        precision: a canonical precision or a legacy alias (16, "bf16", 32, 64).
+        num_nodes: number of nodes, an int >= 1.
+        plugins: a plugin object or a sequence of them (precision, checkpoint IO,
+            cluster environment).
+        machine: the machine to plan for; None probes this one.
+
+    Raises:
+        ResolutionError: the combination cannot work; the error says why and what
+            would.
+    """
+    if machine is None:
+        machine = Machine.probe()
+    ctx = Context(
+        machine=machine,
+        specs=strategy_specs(),
+        accelerator_flag=accelerator,
+        devices_flag=devices,
+        strategy_flag=strategy,
+        precision_flag=precision,
+        num_nodes_flag=num_nodes,
+        plugins_flag=plugins,
+    )
+    run_stages(STAGES, ctx)
+    spec = ctx.chosen_spec
+    return Plan(
+        accelerator=ctx.accelerator,
+        strategy=spec.name,
+        precision=ctx.precision,
+        parallel_devices=ctx.parallel_devices,
+        num_nodes=ctx.num_nodes,
+        world_size=ctx.world_size,
+        launcher=ctx.launcher,
+        cluster_environment=ctx.cluster,
+        checkpoint_io=ctx.checkpoint_io,
+        notes=tuple(ctx.notes),
+        trace=tuple(ctx.trace),
+        spec=spec,
+        plugins=ctx.plugins.given(),
+        machine=machine,
+    )

@@ -1,0 +1,133 @@
+"""`StrategySpec`: the registry row that declares what a strategy can do."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from interlock.connector.tables import (
+    ACCELERATOR_ROWS,
+    INSTALL_HINTS,
+    LAUNCHER_ROWS,
+    PRECISION_ROWS,
+)
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StrategySpec:
+    """Declares a strategy: its name, where its factory lives and what it supports.
+
+    Attributes:
+        name: registry name (lowercase, digits, underscores).
+        factory: ``"package.module:attribute"`` of the strategy class or factory,
+            imported only when a plan is built.
+        description: one line for the docs and error messages.
+        family: group shown in the docs (``"ddp"``, ``"fsdp"``, ...).
+        accelerators: accelerators it runs on.
+        precisions: precisions it supports (further narrowed by the accelerator).
+        launcher: launcher name from the launcher table, or None when it runs in
+            the calling process.
+        multi_node: whether it can span several nodes.
+        max_devices: devices per node at most, if limited.
+        requires: optional packages it needs.
+        options: keyword arguments the factory receives.
+        substitutes: per accelerator it does not support, the strategy to use instead.
+        capabilities: free-form capability tags read by the conformance suite.
+        variant_of: the strategy this one is a preset of; variants are left out of
+            the alternatives that error messages list.
+    """
+
+    name: str
+    factory: str
+    description: str
+    family: str
+    accelerators: frozenset[str]
+    precisions: frozenset[str]
+    launcher: str | None
+    multi_node: bool = True
+    max_devices: int | None = None
+    requires: tuple[str, ...] = ()
+    options: Mapping[str, object] = field(default_factory=dict)
+    substitutes: Mapping[str, str] = field(default_factory=dict)
+    capabilities: frozenset[str] = frozenset()
+    variant_of: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "accelerators", frozenset(self.accelerators))
+        object.__setattr__(self, "precisions", frozenset(self.precisions))
+        object.__setattr__(self, "requires", tuple(self.requires))
+        object.__setattr__(self, "capabilities", frozenset(self.capabilities))
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+        object.__setattr__(self, "substitutes", MappingProxyType(dict(self.substitutes)))
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.factory))
+
+    @property
+    def interactive(self) -> bool:
+        """Whether the strategy can start its processes from a notebook or REPL."""
+        return self.launcher is None or LAUNCHER_ROWS[self.launcher].interactive
+
+
+def spec_problems(spec: object) -> list[str]:
+    """Everything wrong with a would-be spec, as sentences; empty when it is valid."""
+    if not isinstance(spec, StrategySpec):
+        return [f"expected a StrategySpec, got {type(spec).__name__}"]
+    problems: list[str] = []
+    if not isinstance(spec.name, str) or not _NAME.match(spec.name):
+        problems.append(
+            f"name {spec.name!r} must be lowercase letters, digits and underscores, "
+            "starting with a letter"
+        )
+    if spec.name == "auto":
+        problems.append("name 'auto' is reserved")
+    if not isinstance(spec.factory, str) or not _FACTORY.match(spec.factory):
+        problems.append(f"factory {spec.factory!r} must look like 'package.module:attribute'")
+    if not isinstance(spec.description, str) or not spec.description.strip():
+        problems.append("description must be a non-empty string")
+    if not isinstance(spec.family, str) or not spec.family:
+        problems.append("family must be a non-empty string")
+    if not spec.accelerators:
+        problems.append("accelerators must name at least one accelerator")
+    unknown = sorted(a for a in spec.accelerators if a not in ACCELERATOR_ROWS)
+    if unknown:
+        problems.append(
+            f"accelerators {unknown} are unknown; known: {', '.join(ACCELERATOR_ROWS)}"
+        )
+    if not spec.precisions:
+        problems.append("precisions must name at least one precision")
+    unknown = sorted(p for p in spec.precisions if p not in PRECISION_ROWS)
+    if unknown:
+        problems.append(f"precisions {unknown} are unknown; known: {', '.join(PRECISION_ROWS)}")
+    if spec.launcher is not None and spec.launcher not in LAUNCHER_ROWS:
+        problems.append(
+            f"launcher {spec.launcher!r} is unknown; known: {', '.join(LAUNCHER_ROWS)} or None"
+        )
+    if spec.launcher == "external":
+        problems.append("launcher 'external' is chosen by the engine, not declared")
+    if not isinstance(spec.multi_node, bool):
+        problems.append("multi_node must be a bool")
+    if spec.max_devices is not None and (
+        not isinstance(spec.max_devices, int) or isinstance(spec.max_devices, bool)
+        or spec.max_devices < 1
+    ):
+        problems.append("max_devices must be None or an int >= 1")
+    unknown = sorted(p for p in spec.requires if p not in INSTALL_HINTS)
+    if unknown:
+        problems.append(
+            f"requires {unknown} are not optional packages the engine knows; "
+            f"known: {', '.join(INSTALL_HINTS)}"
+        )
+    for accelerator in spec.substitutes:
+        if accelerator not in ACCELERATOR_ROWS:
+            problems.append(f"substitutes names unknown accelerator {accelerator!r}")
+        elif accelerator in spec.accelerators:
+            problems.append(
+                f"substitutes names {accelerator!r}, which the strategy itself supports"
+            )
+    return problems

@@ -1,0 +1,405 @@
+"""The tables: every fact about what works with what, written once.
+
+The engine's rules, its error messages, ``docs/rules.md``, the matrix and the
+conformance suite all read these rows. Strategy rows live in
+:mod:`interlock.connector.builtin` because they are registry entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+# --------------------------------------------------------------------------- precisions
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrecisionRow:
+    """A canonical precision.
+
+    Attributes:
+        name: canonical name, e.g. ``"bf16-mixed"``.
+        param_dtype: dtype the parameters are stored in.
+        compute_dtype: dtype the forward pass computes in.
+        scaler: whether a gradient scaler is used.
+        requires: optional packages it needs.
+        description: one line for the docs.
+    """
+
+    name: str
+    param_dtype: str
+    compute_dtype: str
+    scaler: bool
+    requires: tuple[str, ...] = ()
+    description: str
+
+
+PRECISIONS: tuple[PrecisionRow, ...] = (
+    PrecisionRow(
+        name="64-true", param_dtype="float64", compute_dtype="float64", scaler=False,
+        description="double precision parameters and compute",
+    ),
+    PrecisionRow(
+        name="32-true", param_dtype="float32", compute_dtype="float32", scaler=False,
+        description="full single precision (the default)",
+    ),
+    PrecisionRow(
+        name="16-true", param_dtype="float16", compute_dtype="float16", scaler=False,
+        description="parameters and compute in float16, no scaler",
+    ),
+    PrecisionRow(
+        name="bf16-true", param_dtype="bfloat16", compute_dtype="bfloat16", scaler=False,
+        description="parameters and compute in bfloat16",
+    ),
+    PrecisionRow(
+        name="16-mixed", param_dtype="float32", compute_dtype="float16", scaler=True,
+        description="float32 parameters, float16 autocast, gradient scaler",
+    ),
+    PrecisionRow(
+        name="bf16-mixed", param_dtype="float32", compute_dtype="bfloat16", scaler=False,
+        description="float32 parameters, bfloat16 autocast",
+    ),
+    PrecisionRow(
+        name="transformer-engine", param_dtype="bfloat16", compute_dtype="float8",
+        scaler=False, requires=("transformer_engine",),
+        description="NVIDIA Transformer Engine FP8 layers, bfloat16 elsewhere",
+    ),
+    PrecisionRow(
+        name="transformer-engine-float16", param_dtype="float16", compute_dtype="float8",
+        scaler=False, requires=("transformer_engine",),
+        description="NVIDIA Transformer Engine FP8 layers, float16 elsewhere",
+    ),
+)
+
+PRECISION_NAMES: tuple[str, ...] = tuple(row.name for row in PRECISIONS)
+PRECISION_ROWS: Mapping[str, PrecisionRow] = MappingProxyType({r.name: r for r in PRECISIONS})
+
+#: The six precisions that are plain PyTorch numerics (no extra package).
+NUMERIC_PRECISIONS: frozenset[str] = frozenset(
+    ("64-true", "32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")
+)
+
+#: Legacy spellings and what they mean. Keys are matched by exact type: the int 16
+#: and the string "16" are aliases, the float 16.0 and the bool True are not.
+LEGACY_PRECISIONS: Mapping[int | str, str] = MappingProxyType(
+    {
+        16: "16-mixed",
+        "16": "16-mixed",
+        "bf16": "bf16-mixed",
+        32: "32-true",
+        "32": "32-true",
+        64: "64-true",
+        "64": "64-true",
+    }
+)
+
+DEFAULT_PRECISION = "32-true"
+
+# --------------------------------------------------------------------------- accelerators
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AcceleratorRow:
+    """An accelerator kind.
+
+    Attributes:
+        name: canonical name, also the torch device type.
+        machine_fact: the :class:`Machine` attribute that counts its devices, or
+            None for the CPU (always present, any number of processes).
+        precisions: precisions this accelerator can compute in.
+        requires: optional packages needed to use it.
+        max_devices: devices per node at most, when fixed by the hardware kind.
+        description: one line for the docs.
+    """
+
+    name: str
+    machine_fact: str | None
+    precisions: frozenset[str]
+    requires: tuple[str, ...] = ()
+    max_devices: int | None = None
+    description: str
+
+
+ACCELERATORS: tuple[AcceleratorRow, ...] = (
+    AcceleratorRow(
+        name="cpu", machine_fact=None, precisions=NUMERIC_PRECISIONS,
+        description="CPU processes; gloo for collectives",
+    ),
+    AcceleratorRow(
+        name="cuda", machine_fact="cuda_devices",
+        precisions=frozenset(PRECISION_NAMES),
+        description="NVIDIA (or ROCm) GPUs; nccl for collectives",
+    ),
+    AcceleratorRow(
+        name="mps", machine_fact="mps_available", max_devices=1,
+        precisions=NUMERIC_PRECISIONS - {"64-true"},
+        description="Apple silicon GPU through Metal (one device, no float64)",
+    ),
+    AcceleratorRow(
+        name="xla", machine_fact="xla_devices", requires=("torch_xla",),
+        precisions=frozenset(("32-true", "16-true", "bf16-true")),
+        description="TPU cores (or other PJRT devices) through torch_xla",
+    ),
+)
+
+ACCELERATOR_NAMES: tuple[str, ...] = tuple(row.name for row in ACCELERATORS)
+ACCELERATOR_ROWS: Mapping[str, AcceleratorRow] = MappingProxyType(
+    {r.name: r for r in ACCELERATORS}
+)
+
+#: Input names that pick among accelerators, in order of preference.
+ACCELERATOR_CHOOSERS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "auto": ("xla", "mps", "cuda", "cpu"),
+        "gpu": ("mps", "cuda"),
+    }
+)
+
+#: Input names that are plain aliases of one accelerator.
+ACCELERATOR_ALIASES: Mapping[str, str] = MappingProxyType({"tpu": "xla"})
+
+ACCELERATOR_INPUTS: tuple[str, ...] = (
+    ("auto",) + ACCELERATOR_NAMES + ("gpu",) + tuple(ACCELERATOR_ALIASES)
+)
+
+# --------------------------------------------------------------------------- launchers
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LauncherRow:
+    """How a strategy's processes come into being.
+
+    Attributes:
+        name: launcher name as it appears in a Plan.
+        start_method: the multiprocessing start method it needs, if any.
+        interactive: whether it can start processes from a REPL or notebook.
+        launches_single: whether it starts a process even for one device
+            (spawn-style launchers do; the script launcher runs in place).
+        description: one line for the docs.
+    """
+
+    name: str
+    start_method: str | None
+    interactive: bool
+    launches_single: bool
+    description: str
+
+
+LAUNCHERS: tuple[LauncherRow, ...] = (
+    LauncherRow(
+        name="subprocess", start_method=None, interactive=False, launches_single=False,
+        description="re-runs the user's script once per extra local rank",
+    ),
+    LauncherRow(
+        name="spawn", start_method="spawn", interactive=False, launches_single=True,
+        description="torch.multiprocessing with the spawn start method",
+    ),
+    LauncherRow(
+        name="fork", start_method="fork", interactive=True, launches_single=True,
+        description="torch.multiprocessing with the fork start method",
+    ),
+    LauncherRow(
+        name="forkserver", start_method="forkserver", interactive=False, launches_single=True,
+        description="torch.multiprocessing with the forkserver start method",
+    ),
+    LauncherRow(
+        name="xla", start_method="fork", interactive=True, launches_single=False,
+        description="torch_xla's multiprocessing launcher",
+    ),
+    LauncherRow(
+        name="external", start_method=None, interactive=True, launches_single=False,
+        description="processes were created by torchrun, srun, mpirun, jsrun or Kubeflow",
+    ),
+)
+
+LAUNCHER_NAMES: tuple[str, ...] = tuple(row.name for row in LAUNCHERS)
+LAUNCHER_ROWS: Mapping[str, LauncherRow] = MappingProxyType({r.name: r for r in LAUNCHERS})
+
+# --------------------------------------------------------------------------- clusters
+
+
+def _slurm_detect(env: Mapping[str, str]) -> bool:
+    return "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive")
+
+
+def _mpi_detect(env: Mapping[str, str]) -> bool:
+    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        value = env.get(name, "").strip()
+        if value.isdigit() and int(value) > 1:
+            return True
+    return False
+
+
+def _all_of(*names: str) -> Callable[[Mapping[str, str]], bool]:
+    def detect(env: Mapping[str, str]) -> bool:
+        return all(name in env for name in names)
+
+    return detect
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterRow:
+    """A cluster environment: how it is detected and what it says about the job.
+
+    Attributes:
+        name: name as it appears in a Plan.
+        detect: predicate over the environment, or None when chosen otherwise.
+        detect_doc: the detection predicate in words, for the docs.
+        external: whether processes are created by the cluster's own launcher.
+        variables: every variable it reads (probing keeps only these).
+        world_size_vars: variables holding the total process count (first present wins).
+        local_size_vars: variables holding the processes per node.
+        nodes_vars: variables holding the number of nodes.
+        one_process_per_node: the cluster always starts one process per node.
+        description: one line for the docs.
+    """
+
+    name: str
+    detect: Callable[[Mapping[str, str]], bool] | None
+    detect_doc: str
+    external: bool
+    variables: tuple[str, ...] = ()
+    world_size_vars: tuple[str, ...] = ()
+    local_size_vars: tuple[str, ...] = ()
+    nodes_vars: tuple[str, ...] = ()
+    one_process_per_node: bool = False
+    description: str
+
+
+#: In detection order: the first row whose predicate holds is the environment.
+#: ``xla`` and ``local`` are not detected from variables (see the cluster stage).
+CLUSTERS: tuple[ClusterRow, ...] = (
+    ClusterRow(
+        name="torchelastic", detect=_all_of("TORCHELASTIC_RUN_ID"),
+        detect_doc="TORCHELASTIC_RUN_ID is set", external=True,
+        variables=(
+            "TORCHELASTIC_RUN_ID", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE",
+            "RANK", "LOCAL_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+        ),
+        world_size_vars=("WORLD_SIZE",), local_size_vars=("LOCAL_WORLD_SIZE",),
+        nodes_vars=("GROUP_WORLD_SIZE",),
+        description="torchrun / TorchElastic",
+    ),
+    ClusterRow(
+        name="slurm", detect=_slurm_detect,
+        detect_doc="SLURM_NTASKS is set and SLURM_JOB_NAME is not 'bash' or 'interactive'",
+        external=True,
+        variables=(
+            "SLURM_NTASKS", "SLURM_JOB_NAME", "SLURM_NTASKS_PER_NODE", "SLURM_NNODES",
+            "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_JOB_ID",
+            "SLURM_NODELIST",
+        ),
+        world_size_vars=("SLURM_NTASKS",), local_size_vars=("SLURM_NTASKS_PER_NODE",),
+        nodes_vars=("SLURM_NNODES",),
+        description="SLURM job step started with srun",
+    ),
+    ClusterRow(
+        name="kubeflow",
+        detect=_all_of("KUBERNETES_PORT", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"),
+        detect_doc="KUBERNETES_PORT, MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK are set",
+        external=True,
+        variables=("KUBERNETES_PORT", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"),
+        world_size_vars=("WORLD_SIZE",), one_process_per_node=True,
+        description="Kubeflow PyTorchJob (one process per pod)",
+    ),
+    ClusterRow(
+        name="lsf",
+        detect=_all_of(
+            "LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_SIZE"
+        ),
+        detect_doc="LSB_JOBID, LSB_DJOB_RANKFILE, JSM_NAMESPACE_LOCAL_RANK and "
+        "JSM_NAMESPACE_SIZE are set",
+        external=True,
+        variables=(
+            "LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_LOCAL_RANK",
+            "JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_RANK",
+        ),
+        world_size_vars=("JSM_NAMESPACE_SIZE",),
+        description="IBM Spectrum LSF job started with jsrun",
+    ),
+    ClusterRow(
+        name="mpi", detect=_mpi_detect,
+        detect_doc="OMPI_COMM_WORLD_SIZE or PMI_SIZE is greater than 1",
+        external=True,
+        variables=(
+            "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+            "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS",
+            "MPI_LOCALRANKID",
+        ),
+        world_size_vars=("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"),
+        local_size_vars=("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"),
+        description="mpirun / mpiexec (Open MPI or a PMI-based MPI); mpi4py not needed",
+    ),
+    ClusterRow(
+        name="xla", detect=None, detect_doc="the accelerator is xla", external=False,
+        description="torch_xla runtime (PJRT) on a TPU host",
+    ),
+    ClusterRow(
+        name="local", detect=None, detect_doc="nothing else matched", external=False,
+        description="a plain machine; interlock's launcher creates the processes",
+    ),
+)
+
+CLUSTER_NAMES: tuple[str, ...] = tuple(row.name for row in CLUSTERS)
+CLUSTER_ROWS: Mapping[str, ClusterRow] = MappingProxyType({r.name: r for r in CLUSTERS})
+
+#: SLURM job names that mean an interactive allocation rather than an srun step.
+SLURM_INTERACTIVE_JOB_NAMES: tuple[str, ...] = ("bash", "interactive")
+
+#: Every environment variable the engine reads; Machine.probe() keeps only these.
+ENVIRONMENT_VARIABLES: tuple[str, ...] = tuple(
+    dict.fromkeys(name for row in CLUSTERS for name in row.variables)
+)
+
+# --------------------------------------------------------------------------- packages
+
+#: How to install each optional package, for missing-package errors.
+INSTALL_HINTS: Mapping[str, str] = MappingProxyType(
+    {
+        "torch_xla": "pip install 'torch_xla[tpu]' (matching your torch version)",
+        "deepspeed": "pip install deepspeed",
+        "transformer_engine": "pip install transformer_engine[pytorch]",
+        "bitsandbytes": "pip install bitsandbytes",
+    }
+)
+
+# --------------------------------------------------------------------------- strategy names
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WithdrawnName:
+    """A strategy name other tools accept that interlock refuses on purpose."""
+
+    name: str
+    replacement: str
+    reason: str
+
+
+WITHDRAWN_STRATEGIES: tuple[WithdrawnName, ...] = (
+    WithdrawnName(
+        name="dp", replacement="ddp",
+        reason="DataParallel runs one process with a thread per GPU and PyTorch "
+        "recommends DistributedDataParallel instead",
+    ),
+    WithdrawnName(
+        name="ddp2", replacement="ddp",
+        reason="ddp2 was removed upstream; ddp covers its use",
+    ),
+    WithdrawnName(
+        name="ddp_sharded", replacement="fsdp",
+        reason="FairScale's sharded DDP is unmaintained; FSDP2 shards natively",
+    ),
+    WithdrawnName(
+        name="fsdp_native", replacement="fsdp",
+        reason="'fsdp' is the native implementation (FSDP2)",
+    ),
+    WithdrawnName(
+        name="horovod", replacement="ddp",
+        reason="Horovod is not built in; register it as a third-party strategy",
+    ),
+)
+
+WITHDRAWN_ROWS: Mapping[str, WithdrawnName] = MappingProxyType(
+    {r.name: r for r in WITHDRAWN_STRATEGIES}
+)
