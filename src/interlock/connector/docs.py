@@ -1,0 +1,185 @@
+"""Render ``docs/rules.md`` from the stages and tables (never written by hand)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from interlock.connector.builtin import BUILTIN_STRATEGIES
+from interlock.connector.errors import ERROR_CODES
+from interlock.connector.plan import STAGES
+from interlock.connector.tables import (
+    ACCELERATOR_ALIASES,
+    ACCELERATOR_CHOOSERS,
+    ACCELERATORS,
+    CLUSTERS,
+    LAUNCHERS,
+    LEGACY_PRECISIONS,
+    PRECISION_NAMES,
+    PRECISIONS,
+    WITHDRAWN_STRATEGIES,
+)
+
+RULES_PATH = Path("docs") / "rules.md"
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    from tabulate import tabulate
+
+    return str(tabulate(list(rows), headers=list(headers), tablefmt="github"))
+
+
+def _ordered(names: Iterable[str]) -> str:
+    chosen = set(names)
+    return ", ".join(p for p in PRECISION_NAMES if p in chosen)
+
+
+def render_rules_markdown() -> str:
+    """The full text of docs/rules.md for the built-in tables and rules."""
+    out: list[str] = [
+        "# Resolution rules",
+        "",
+        "<!-- Generated from the engine's tables by `nox -s docs` "
+        "(python -m interlock.connector.docs). Do not edit by hand: "
+        "a test fails when this file differs from the code. -->",
+        "",
+        "`interlock.plan()` runs the stages below in order. Each decision is an ordered "
+        "list of rules; the first rule whose condition holds decides and is recorded in "
+        "`Plan.trace` (a refusal raises `ResolutionError` with the code shown).",
+        "",
+    ]
+    for number, stage in enumerate(STAGES, 1):
+        out += [f"## {number}. {stage.name}", "", stage.doc, ""]
+        for decision in stage.decisions:
+            out += [f"### `{decision.id}`", "", decision.doc, ""]
+            out.append(
+                _table(
+                    ("#", "rule", "what it does", "refuses with"),
+                    (
+                        (i, f"`{rule.id}`", rule.doc, f"`{rule.refuses}`" if rule.refuses else "")
+                        for i, rule in enumerate(decision.rules, 1)
+                    ),
+                )
+            )
+            out.append("")
+
+    out += ["## Tables", "", "### Accelerators", ""]
+    out.append(
+        _table(
+            ("name", "device count from", "precisions", "requires", "description"),
+            (
+                (
+                    f"`{r.name}`",
+                    f"`Machine.{r.machine_fact}`" if r.machine_fact else "any number of processes",
+                    _ordered(r.precisions),
+                    ", ".join(r.requires),
+                    r.description,
+                )
+                for r in ACCELERATORS
+            ),
+        )
+    )
+    out += ["", "Input names that choose among accelerators, in order of preference:", ""]
+    out.append(
+        _table(
+            ("input", "tries, in order"),
+            [(f"`{k}`", ", ".join(v)) for k, v in ACCELERATOR_CHOOSERS.items()]
+            + [(f"`{k}`", f"{v} (alias)") for k, v in ACCELERATOR_ALIASES.items()],
+        )
+    )
+    out += ["", "### Precisions", ""]
+    out.append(
+        _table(
+            ("name", "parameters", "compute", "grad scaler", "requires", "description"),
+            (
+                (f"`{r.name}`", r.param_dtype, r.compute_dtype, "yes" if r.scaler else "",
+                 ", ".join(r.requires), r.description)
+                for r in PRECISIONS
+            ),
+        )
+    )
+    out += ["", "Legacy aliases (each use is recorded in `Plan.notes`):", ""]
+    out.append(
+        _table(("alias", "means"), ((f"`{k!r}`", f"`{v}`") for k, v in LEGACY_PRECISIONS.items()))
+    )
+    out += ["", "### Strategies", ""]
+    out.append(
+        _table(
+            ("name", "family", "accelerators", "precisions", "launcher", "multi-node",
+             "interactive", "requires", "description"),
+            (
+                (
+                    f"`{s.name}`",
+                    s.family,
+                    ", ".join(sorted(s.accelerators)),
+                    _ordered(s.precisions),
+                    s.launcher or "none",
+                    "yes" if s.multi_node else "no",
+                    "yes" if s.interactive else "no",
+                    ", ".join(s.requires),
+                    s.description,
+                )
+                for s in BUILTIN_STRATEGIES
+            ),
+        )
+    )
+    out += ["", "Names refused on purpose (`unknown-strategy`, with the replacement as the "
+            "only choice):", ""]
+    out.append(
+        _table(
+            ("name", "use instead", "why"),
+            ((f"`{w.name}`", f"`{w.replacement}`", w.reason) for w in WITHDRAWN_STRATEGIES),
+        )
+    )
+    out += ["", "### Launchers", ""]
+    out.append(
+        _table(
+            ("name", "start method", "works interactively", "starts a process for one device",
+             "description"),
+            (
+                (f"`{r.name}`", r.start_method or "", "yes" if r.interactive else "no",
+                 "yes" if r.launches_single else "no", r.description)
+                for r in LAUNCHERS
+            ),
+        )
+    )
+    out += ["", "### Cluster environments (in detection order)", ""]
+    out.append(
+        _table(
+            ("name", "detected when", "processes created by", "total / per node / nodes from"),
+            (
+                (
+                    f"`{r.name}`",
+                    r.detect_doc,
+                    "the cluster" if r.external else "interlock",
+                    " / ".join(
+                        ", ".join(v) or ("1" if r.one_process_per_node and i == 1 else "-")
+                        for i, v in enumerate((r.world_size_vars, r.local_size_vars, r.nodes_vars))
+                    ),
+                )
+                for r in CLUSTERS
+            ),
+        )
+    )
+    out += ["", "### Error codes", ""]
+    out.append(_table(("code", "meaning"), ((f"`{c}`", m) for c, m in ERROR_CODES.items())))
+    out.append("")
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Write docs/rules.md under the given root (default: the current directory)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    root = Path(args[0]) if args else Path.cwd()
+    path = root / RULES_PATH
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".md.tmp")
+    tmp.write_text(render_rules_markdown(), encoding="utf-8")
+    tmp.replace(path)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

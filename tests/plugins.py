@@ -1,0 +1,48 @@
+"""Minimal plugin objects, declared the way the runtime's plugin classes declare them."""
+
+from __future__ import annotations
+
+
+class BF16Plugin:
+    interlock_plugin_kind = "precision"
+    precision = "bf16-mixed"
+
+
+class HalfTruePlugin:
+    interlock_plugin_kind = "precision"
+    precision = "16-true"
+
+
+class BadPrecisionPlugin:
+    interlock_plugin_kind = "precision"
+    precision = "fp8"
+
+
+class MyCheckpointIO:
+    interlock_plugin_kind = "checkpoint_io"
+
+
+class MyCluster:
+    interlock_plugin_kind = "cluster_environment"
+    name = "my-cluster"
+    creates_processes_externally = True
+
+
+class LocalCluster:
+    interlock_plugin_kind = "cluster_environment"
+    name = "local"
+    creates_processes_externally = False
+
+
+class HalfDeclaredCluster:
+    interlock_plugin_kind = "cluster_environment"
+    name = "nameless"
+
+
+class NotAPlugin:
+    pass
+
+
+class Fp16MixedPlugin:
+    interlock_plugin_kind = "precision"
+    precision = "16-mixed"

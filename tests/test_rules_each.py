@@ -1,0 +1,176 @@
+"""One worked example per rule: every rule fires (or refuses) where it should.
+
+A meta-test checks that every rule id of every stage has an example here, so a new
+rule cannot land untested.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from machines import (
+    CPU,
+    EIGHT_GPUS,
+    EIGHT_GPUS_NOTEBOOK,
+    MPS,
+    NO_FORK,
+    NOTEBOOK,
+    ONE_GPU,
+    TPU,
+    TPU_NO_PACKAGE,
+    slurm,
+    torchelastic,
+)
+from plugins import BF16Plugin, LocalCluster, MyCheckpointIO, MyCluster, NotAPlugin
+
+from interlock import Machine, ResolutionError, plan
+from interlock.connector.plan import STAGES
+
+Flags = dict[str, Any]
+
+KUBEFLOW = Machine(
+    cuda_devices=1,
+    environ={"KUBERNETES_PORT": "tcp://10.0.0.1:443", "MASTER_ADDR": "m", "MASTER_PORT": "1234",
+             "WORLD_SIZE": "4", "RANK": "0"},
+)
+LSF = Machine(
+    cuda_devices=4,
+    environ={"LSB_JOBID": "7", "LSB_DJOB_RANKFILE": "/tmp/rankfile",
+             "JSM_NAMESPACE_LOCAL_RANK": "0", "JSM_NAMESPACE_SIZE": "8", "JSM_NAMESPACE_RANK": "0"},
+)
+MPI = Machine(environ={"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0",
+                       "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0"})
+
+#: rule id -> (flags, machine, refusal code or None)
+EXAMPLES: dict[str, tuple[Flags, Machine, str | None]] = {
+    "flags/accelerator-name": ({"accelerator": "CPU"}, CPU, None),
+    "flags/accelerator-alias": ({"accelerator": "tpu"}, TPU, None),
+    "flags/accelerator-unknown": ({"accelerator": "cdua"}, CPU, "unknown-accelerator"),
+    "flags/devices-auto": ({"devices": "AUTO"}, CPU, None),
+    "flags/devices-all": ({"devices": "-1"}, EIGHT_GPUS, None),
+    "flags/devices-count": ({"devices": "2"}, EIGHT_GPUS, None),
+    "flags/devices-ids": ({"devices": "1,"}, EIGHT_GPUS, None),
+    "flags/devices-invalid": ({"devices": 0}, CPU, "invalid-devices"),
+    "flags/strategy-auto": ({"strategy": "Auto"}, CPU, None),
+    "flags/strategy-name": ({"strategy": "DDP", "devices": 2}, CPU, None),
+    "flags/strategy-withdrawn": ({"strategy": "dp"}, EIGHT_GPUS, "unknown-strategy"),
+    "flags/strategy-unknown": ({"strategy": "ddp_spwan"}, CPU, "unknown-strategy"),
+    "flags/precision-name": ({"precision": "BF16-Mixed"}, CPU, None),
+    "flags/precision-legacy": ({"precision": 16}, CPU, None),
+    "flags/precision-unknown": ({"precision": "fp16"}, CPU, "unknown-precision"),
+    "flags/num-nodes-int": ({"num_nodes": 2}, CPU, None),
+    "flags/num-nodes-invalid": ({"num_nodes": 0}, CPU, "invalid-num-nodes"),
+    "flags/plugins-sorted": ({"plugins": [MyCheckpointIO()]}, CPU, None),
+    "flags/plugins-invalid": ({"plugins": [NotAPlugin()]}, CPU, "invalid-plugin"),
+    "flags/precision-and-plugin": (
+        {"plugins": BF16Plugin(), "precision": "16-mixed"}, CPU, "conflicting-flags"),
+    "flags/no-conflict": ({}, CPU, None),
+    "accelerator/explicit-missing-package": ({"accelerator": "xla"}, TPU_NO_PACKAGE,
+                                             "missing-package"),
+    "accelerator/explicit-unavailable": ({"accelerator": "cuda"}, CPU, "accelerator-unavailable"),
+    "accelerator/explicit": ({"accelerator": "cuda"}, ONE_GPU, None),
+    "accelerator/auto-xla": ({}, TPU, None),
+    "accelerator/auto-mps": ({}, MPS, None),
+    "accelerator/auto-cuda": ({}, ONE_GPU, None),
+    "accelerator/auto-cpu": ({}, TPU_NO_PACKAGE, None),
+    "accelerator/gpu-mps": ({"accelerator": "gpu"}, MPS, None),
+    "accelerator/gpu-cuda": ({"accelerator": "gpu"}, ONE_GPU, None),
+    "accelerator/none-available": ({"accelerator": "gpu"}, CPU, "accelerator-unavailable"),
+    "devices/cpu-processes": ({"devices": 3}, CPU, None),
+    "devices/cpu-refused": ({"devices": -1, "accelerator": "cpu"}, CPU, "invalid-devices"),
+    "devices/cuda-auto-interactive": ({}, EIGHT_GPUS_NOTEBOOK, None),
+    "devices/cuda-unavailable": ({"devices": [0, 8]}, EIGHT_GPUS, "devices-unavailable"),
+    "devices/cuda-all": ({}, EIGHT_GPUS, None),
+    "devices/cuda-count": ({"devices": 4}, EIGHT_GPUS, None),
+    "devices/cuda-ids": ({"devices": [2, 5]}, EIGHT_GPUS, None),
+    "devices/mps-one": ({"devices": -1}, MPS, None),
+    "devices/mps-unavailable": ({"devices": 2}, MPS, "devices-unavailable"),
+    "devices/xla-one": ({"devices": 1}, TPU, None),
+    "devices/xla-all": ({"devices": 8}, TPU, None),
+    "devices/xla-index": ({"devices": [3]}, TPU, None),
+    "devices/xla-unavailable": ({"devices": 16}, TPU, "devices-unavailable"),
+    "devices/xla-refused": ({"devices": 4}, TPU, "invalid-devices"),
+    "cluster/plugin": ({"plugins": LocalCluster()}, CPU, None),
+    "cluster/xla": ({}, TPU, None),
+    "cluster/torchelastic": ({"devices": 8, "num_nodes": 2}, torchelastic(16, 8, 2), None),
+    "cluster/slurm-interactive": ({"devices": 2}, slurm(1, "1", 1, job_name="bash"), None),
+    "cluster/slurm-single-task": ({"devices": 2}, slurm(1, "1", 1), None),
+    "cluster/slurm": ({"devices": 4, "num_nodes": 2}, slurm(8, "4", 2), None),
+    "cluster/kubeflow": ({"devices": 1, "num_nodes": 4}, KUBEFLOW, None),
+    "cluster/lsf": ({"devices": 4, "num_nodes": 2}, LSF, None),
+    "cluster/mpi": ({"devices": 2}, MPI, None),
+    "cluster/local": ({}, CPU, None),
+    "cluster/unreadable-variable": ({"devices": 2}, slurm(2, "1,1", 2), "invalid-environment"),
+    "cluster/processes-per-node-mismatch": ({"devices": 4, "num_nodes": 2},
+                                            torchelastic(4, 2, 2), "cluster-mismatch"),
+    "cluster/nodes-mismatch": ({"devices": 4, "num_nodes": 1}, slurm(8, "4", 2),
+                               "cluster-mismatch"),
+    "cluster/world-size-mismatch": ({"devices": 4, "num_nodes": 1}, LSF, "cluster-mismatch"),
+    "cluster/consistent": ({}, CPU, None),
+    "strategy/explicit": ({"strategy": "single_device"}, CPU, None),
+    "strategy/auto-xla": ({}, TPU, None),
+    "strategy/auto-single-xla": ({"devices": 1}, TPU, None),
+    "strategy/auto-multi-node": ({"num_nodes": 2}, CPU, None),
+    "strategy/auto-single-device": ({}, CPU, None),
+    "strategy/auto-notebook": ({"devices": 2}, NOTEBOOK, None),
+    "strategy/auto-ddp": ({"devices": 2}, CPU, None),
+    "strategy/unsupported-accelerator": ({"strategy": "deepspeed"}, CPU,
+                                         "unsupported-accelerator"),
+    "strategy/missing-package": ({"strategy": "deepspeed"}, ONE_GPU, "missing-package"),
+    "strategy/too-many-devices": ({"strategy": "single_device", "devices": 2}, CPU,
+                                  "invalid-devices"),
+    "strategy/unsupported-multi-node": ({"strategy": "single_device", "num_nodes": 2}, CPU,
+                                        "unsupported-multi-node"),
+    "strategy/supported": ({}, CPU, None),
+    "launcher/none": ({}, CPU, None),
+    "launcher/external": ({"devices": 2}, MPI, None),
+    "launcher/interactive-incompatible": ({"strategy": "ddp", "devices": 2}, NOTEBOOK,
+                                          "interactive-incompatible"),
+    "launcher/start-method-unavailable": ({"strategy": "ddp_fork", "devices": 2}, NO_FORK,
+                                          "start-method-unavailable"),
+    "launcher/own": ({"devices": 2}, CPU, None),
+    "precision/plugin": ({"plugins": [BF16Plugin()]}, CPU, None),
+    "precision/flag": ({}, CPU, None),
+    "precision/unsupported-by-strategy": ({"strategy": "fsdp", "precision": "64-true"}, CPU,
+                                          "unsupported-precision"),
+    "precision/unsupported-by-accelerator": ({"precision": "64-true"}, MPS,
+                                             "unsupported-precision"),
+    "precision/missing-package": ({"precision": "transformer-engine"}, ONE_GPU,
+                                  "missing-package"),
+    "precision/supported": ({}, CPU, None),
+    "plugins/checkpoint-io-plugin": ({"plugins": MyCheckpointIO()}, CPU, None),
+    "plugins/checkpoint-io-xla": ({}, TPU, None),
+    "plugins/checkpoint-io-torch": ({}, CPU, None),
+}
+
+
+def _all_rule_ids() -> list[str]:
+    return [rule.id for stage in STAGES for decision in stage.decisions for rule in decision.rules]
+
+
+def test_every_rule_has_an_example() -> None:
+    missing = [rule for rule in _all_rule_ids() if rule not in EXAMPLES]
+    stale = [rule for rule in EXAMPLES if rule not in _all_rule_ids()]
+    assert not missing, f"rules without a worked example in EXAMPLES: {missing}"
+    assert not stale, f"EXAMPLES names rules that no longer exist: {stale}"
+
+
+@pytest.mark.parametrize("rule_id", sorted(EXAMPLES))
+def test_rule_example(rule_id: str) -> None:
+    flags, machine, code = EXAMPLES[rule_id]
+    if code is None:
+        result = plan(machine=machine, **flags)
+        fired = [step.rule for step in result.trace]
+        assert rule_id in fired, (
+            f"plan({flags}) on [{machine.describe()}] did not apply {rule_id}; applied: {fired}"
+        )
+    else:
+        with pytest.raises(ResolutionError) as info:
+            plan(machine=machine, **flags)
+        error = info.value
+        assert (error.rule, error.code) == (rule_id, code), (
+            f"plan({flags}) on [{machine.describe()}] was refused by {error.rule} with "
+            f"{error.code}, expected {rule_id} with {code}: {error}"
+        )
+
