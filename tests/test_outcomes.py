@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 from typeguard import suppress_type_checks
+
+from interlock import Machine, ResolutionError, plan
 from machines import (
     CPU,
     EIGHT_GPUS,
@@ -30,8 +32,6 @@ from plugins import (
     MyCluster,
     NotAPlugin,
 )
-
-from interlock import Machine, ResolutionError, plan
 
 
 def refusal(machine: Machine, **flags: Any) -> ResolutionError:
@@ -257,7 +257,9 @@ def test_precision_support_by_family(
 ) -> None:
     from interlock.connector.tables import PRECISION_NAMES
 
-    devices: int | str = {"single_device": 1, "xla": "auto"}.get(strategy, 2)
+    devices: int | str = 2
+    if strategy in ("single_device", "xla"):
+        devices = 1 if strategy == "single_device" else "auto"
     for precision in PRECISION_NAMES:
         try:
             result = plan(strategy=strategy, precision=precision, devices=devices,

@@ -9,6 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
+from interlock import Machine, ResolutionError, plan
+from interlock.connector.plan import STAGES
 from machines import (
     CPU,
     EIGHT_GPUS,
@@ -22,10 +25,7 @@ from machines import (
     slurm,
     torchelastic,
 )
-from plugins import BF16Plugin, LocalCluster, MyCheckpointIO, MyCluster, NotAPlugin
-
-from interlock import Machine, ResolutionError, plan
-from interlock.connector.plan import STAGES
+from plugins import BF16Plugin, LocalCluster, MyCheckpointIO, NotAPlugin
 
 Flags = dict[str, Any]
 

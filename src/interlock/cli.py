@@ -34,7 +34,7 @@ def parse_simulate(text: str) -> Machine:
         token = raw.strip().lower()
         key, _, value = token.partition("=")
         if key in ("cuda", "xla"):
-            if not value.isdigit():
+            if not (value.isascii() and value.isdigit()):
                 raise UsageError(f"--simulate {key}= needs a device count, got {token!r}")
             if key == "cuda":
                 cuda = int(value)

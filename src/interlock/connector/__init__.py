@@ -9,8 +9,8 @@ from interlock.connector.registry import (
     strategy_specs,
     unregister_strategy,
 )
-from interlock.connector.rules import TraceStep
 from interlock.connector.specs import StrategySpec
+from interlock.connector.trace import TraceStep
 
 __all__ = [
     "ERROR_CODES",

@@ -7,6 +7,8 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from interlock.connector.trace import TraceStep
+
 #: Every refusal code the engine can raise, with its meaning. Codes are stable API:
 #: a code is never reused for a different meaning.
 ERROR_CODES: Mapping[str, str] = MappingProxyType(
@@ -79,7 +81,7 @@ class ResolutionError(ValueError):
     choices: tuple[str, ...]
     suggestion: str | None
     rule: str | None
-    trace: tuple[object, ...]
+    trace: tuple[TraceStep, ...]
 
     def __init__(
         self,

@@ -246,7 +246,7 @@ def _id_string(value: object) -> tuple[int, ...] | None:
     parts = [p.strip() for p in value.split(",")]
     if parts and parts[-1] == "":
         parts = parts[:-1]
-    if not parts or not all(p.isdigit() for p in parts):
+    if not parts or not all(p.isascii() and p.isdigit() for p in parts):
         return None
     ids = tuple(int(p) for p in parts)
     return ids if len(set(ids)) == len(ids) else None
@@ -262,8 +262,10 @@ def _id_sequence(value: object) -> tuple[int, ...] | None:
 
 
 def _digit_count(value: object) -> int | None:
-    if isinstance(value, str) and value.strip().isdigit() and int(value.strip()) > 0:
-        return int(value.strip())
+    # isascii(): str.isdigit() also accepts superscripts and other scripts' digits
+    text = value.strip() if isinstance(value, str) else ""
+    if text.isascii() and text.isdigit() and int(text) > 0:
+        return int(text)
     return None
 
 

@@ -521,7 +521,7 @@ def _read(ctx: Context, names: tuple[str, ...]) -> tuple[str, int] | None:
         if raw is None:
             continue
         head = raw.strip().split("(", 1)[0]
-        if not head.isdigit():
+        if not (head.isascii() and head.isdigit()):
             raise ValueError(name)
         return name, int(head)
     return None

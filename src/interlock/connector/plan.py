@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Union
+from typing import TypeAlias
 
 from interlock.connector.flag_rules import FLAGS_STAGE, plugin_kind
 from interlock.connector.machine import Machine
 from interlock.connector.machine_rules import ACCELERATOR_STAGE, CLUSTER_STAGE, DEVICES_STAGE
 from interlock.connector.registry import strategy_specs
-from interlock.connector.rules import Context, Stage, TraceStep, run_stages
+from interlock.connector.rules import Context, Stage, run_stages
 from interlock.connector.specs import StrategySpec
 from interlock.connector.strategy_rules import PLUGINS_STAGE, PRECISION_STAGE, STRATEGY_STAGE
+from interlock.connector.trace import TraceStep
 
 #: The stages, in the order they run.
 STAGES: tuple[Stage, ...] = (
@@ -26,9 +27,9 @@ STAGES: tuple[Stage, ...] = (
 )
 
 #: What the devices flag accepts: "auto", a count, -1, "0,1"-style ids, or a list of ids.
-DevicesFlag = Union[int, str, Sequence[int]]
+DevicesFlag: TypeAlias = int | str | Sequence[int]
 #: What the precision flag accepts: a canonical name or a legacy alias (16, "bf16", ...).
-PrecisionFlag = Union[str, int]
+PrecisionFlag: TypeAlias = str | int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -16,6 +16,7 @@ from interlock.connector.errors import ResolutionError
 from interlock.connector.machine import Machine
 from interlock.connector.specs import StrategySpec
 from interlock.connector.tables import ClusterRow
+from interlock.connector.trace import TraceStep
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,24 +37,6 @@ class DevicesRequest:
         if self.kind == "ids":
             return "device ids " + ", ".join(map(str, self.ids))
         return self.kind
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TraceStep:
-    """One applied rule: which stage and decision, the rule id, and why."""
-
-    stage: str
-    decision: str
-    rule: str
-    reason: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {
-            "stage": self.stage,
-            "decision": self.decision,
-            "rule": self.rule,
-            "reason": self.reason,
-        }
 
 
 @dataclass(slots=True)

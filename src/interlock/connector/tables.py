@@ -159,9 +159,7 @@ ACCELERATOR_CHOOSERS: Mapping[str, tuple[str, ...]] = MappingProxyType(
 #: Input names that are plain aliases of one accelerator.
 ACCELERATOR_ALIASES: Mapping[str, str] = MappingProxyType({"tpu": "xla"})
 
-ACCELERATOR_INPUTS: tuple[str, ...] = (
-    ("auto",) + ACCELERATOR_NAMES + ("gpu",) + tuple(ACCELERATOR_ALIASES)
-)
+ACCELERATOR_INPUTS: tuple[str, ...] = ("auto", *ACCELERATOR_NAMES, "gpu", *ACCELERATOR_ALIASES)
 
 # --------------------------------------------------------------------------- launchers
 
@@ -226,7 +224,7 @@ def _slurm_detect(env: Mapping[str, str]) -> bool:
 def _mpi_detect(env: Mapping[str, str]) -> bool:
     for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
         value = env.get(name, "").strip()
-        if value.isdigit() and int(value) > 1:
+        if value.isascii() and value.isdigit() and int(value) > 1:
             return True
     return False
 

@@ -1,0 +1,67 @@
+"""Development sessions: tests, typecheck, lint, docs, bench.
+
+The torch requirement comes from INTERLOCK_TORCH (default ``torch==2.13.0``, a CPU
+build on machines that carry it locally); set it to test against another release.
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["tests", "typecheck"]
+
+TORCH = os.environ.get("INTERLOCK_TORCH", "torch==2.13.0")
+PYTHON = os.environ.get("INTERLOCK_PYTHON", "3.11")
+
+
+def _install(session: nox.Session, extra: str) -> None:
+    # torch first and pinned, so that nothing pulls an unpinned (CUDA, multi-GB) build
+    session.install(TORCH)
+    session.install("-e", f".[{extra}]", TORCH)
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """The test suite, in parallel, under typeguard's import hook for interlock."""
+    _install(session, "test")
+    workers = os.environ.get("INTERLOCK_TEST_WORKERS", "auto")
+    session.run(
+        "pytest", "-n", workers, "--typeguard-packages=interlock", *session.posargs
+    )
+
+
+@nox.session(python=PYTHON)
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict over the package, the tests and this file."""
+    _install(session, "dev")
+    session.run("mypy", "--strict", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff over the package and the tests."""
+    session.install("ruff")
+    session.run("ruff", "check", "src", "tests", "noxfile.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """Regenerate docs/rules.md from the engine's tables."""
+    _install(session, "test")
+    session.run("python", "-m", "interlock.connector.docs")
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """plan() latency and import cost, side by side with Lightning's connector.
+
+    Lightning lives only in this session's environment, never in interlock's
+    dependencies.
+    """
+    session.install(TORCH)
+    session.install("-r", "benchmarks/requirements.txt", TORCH)
+    session.install("-e", ".", TORCH)
+    session.run("python", "benchmarks/bench_plan.py", *session.posargs)
