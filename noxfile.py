@@ -14,7 +14,8 @@ nox.options.reuse_venv = "yes"
 nox.options.sessions = ["tests", "typecheck"]
 
 TORCH = os.environ.get("INTERLOCK_TORCH", "torch==2.13.0")
-PYTHON = os.environ.get("INTERLOCK_PYTHON", "3.11")
+# None: the interpreter nox itself runs on
+PYTHON = os.environ.get("INTERLOCK_PYTHON") or None
 
 
 def _install(session: nox.Session, extra: str) -> None:

@@ -56,9 +56,13 @@ class FlagSet:
 
 
 FLAG_SETS: tuple[FlagSet, ...] = (
-    FlagSet("cpu x1, auto, 32-true", {"accelerator": "cpu", "devices": 1, "strategy": "auto", "precision": "32-true"}),
     FlagSet(
-        "cpu x2, ddp, bf16-mixed", {"accelerator": "cpu", "devices": 2, "strategy": "ddp", "precision": "bf16-mixed"}
+        "cpu x1, auto, 32-true",
+        {"accelerator": "cpu", "devices": 1, "strategy": "auto", "precision": "32-true"},
+    ),
+    FlagSet(
+        "cpu x2, ddp, bf16-mixed",
+        {"accelerator": "cpu", "devices": 2, "strategy": "ddp", "precision": "bf16-mixed"},
     ),
     FlagSet(
         "cpu x4, ddp_spawn, 16-mixed",
@@ -66,7 +70,13 @@ FLAG_SETS: tuple[FlagSet, ...] = (
     ),
     FlagSet(
         "cpu x2, ddp, 32-true, 2 nodes",
-        {"accelerator": "cpu", "devices": 2, "strategy": "ddp", "precision": "32-true", "num_nodes": 2},
+        {
+            "accelerator": "cpu",
+            "devices": 2,
+            "strategy": "ddp",
+            "precision": "32-true",
+            "num_nodes": 2,
+        },
     ),
     FlagSet(
         "auto, auto, auto, 32-true",
@@ -201,7 +211,9 @@ def _observe_lightning(build: Callable[[], Any]) -> dict[str, Any]:
     finally:
         rank_zero_only.rank = rank_before
 
-    changed = sorted(k for k in set(env_before) | set(env_after) if env_before.get(k) != env_after.get(k))
+    changed = sorted(
+        k for k in set(env_before) | set(env_after) if env_before.get(k) != env_after.get(k)
+    )
     return {
         "warnings": [f"{w.category.__name__}: {w.message}" for w in caught],
         "log_lines": handler.messages,
@@ -253,7 +265,10 @@ def _plan_builds(interlock: Any, machine: Any, flags: dict[str, Any]) -> tuple[b
     try:
         build()
     except Exception as exc:  # noqa: BLE001
-        return False, f"build() raised {type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"
+        return (
+            False,
+            f"build() raised {type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}",
+        )
     return True, ""
 
 
@@ -275,7 +290,10 @@ def bench_flag_set(
         return connector_cls(**flags)
 
     can_build, build_note = _plan_builds(interlock, machine, flags)
-    contenders: dict[str, Callable[[], Any]] = {"interlock": il_cached, "interlock+probe": il_probed}
+    contenders: dict[str, Callable[[], Any]] = {
+        "interlock": il_cached,
+        "interlock+probe": il_probed,
+    }
     if can_build:
         contenders["interlock+build"] = il_build
     contenders["lightning"] = lightning
@@ -310,7 +328,9 @@ def bench_flag_set(
     lightning_median = result["timings"]["lightning"]["median_us"]
     for name in contenders:
         if name != "lightning":
-            result["timings"][name]["speedup_vs_lightning"] = lightning_median / result["timings"][name]["median_us"]
+            result["timings"][name]["speedup_vs_lightning"] = (
+                lightning_median / result["timings"][name]["median_us"]
+            )
     return result
 
 
@@ -325,9 +345,7 @@ IMPORT_SNIPPETS: dict[str, str] = {
 }
 
 
-_IMPORT_AFTER_TORCH = (
-    "import time, torch; t = time.perf_counter_ns(); import interlock; print(time.perf_counter_ns() - t)"
-)
+_IMPORT_AFTER_TORCH = "import time, torch; t = time.perf_counter_ns(); import interlock; print(time.perf_counter_ns() - t)"
 
 
 def _run_once(code: str) -> float:
@@ -373,8 +391,11 @@ def bench_imports(runs: int) -> dict[str, Any]:
         "added_on_top_of_torch_ms": medians["import torch, interlock"] - medians["import torch"],
         "import_interlock_after_torch_in_process_ms": statistics.median(inside),
         "import_interlock_after_torch_in_process_samples_ms": inside,
-        "interlock_alone_minus_bare_python_ms": medians["import interlock"] - medians["python -c pass"],
-        "heavy_modules_pulled_in_by_import_interlock": json.loads(probe.stdout.strip().splitlines()[-1]),
+        "interlock_alone_minus_bare_python_ms": medians["import interlock"]
+        - medians["python -c pass"],
+        "heavy_modules_pulled_in_by_import_interlock": json.loads(
+            probe.stdout.strip().splitlines()[-1]
+        ),
     }
 
 
@@ -390,7 +411,9 @@ def importtime_report(top: int = 12) -> list[tuple[int, int, str]]:
     for line in proc.stderr.splitlines():
         if not line.startswith("import time:") or "|" not in line:
             continue
-        self_us, cumulative_us, name = (part.strip() for part in line[len("import time:") :].split("|"))
+        self_us, cumulative_us, name = (
+            part.strip() for part in line[len("import time:") :].split("|")
+        )
         if name.strip().startswith("interlock") and self_us.isdigit():
             rows.append((int(self_us), int(cumulative_us), name))
     rows.sort(key=lambda r: r[1], reverse=True)
@@ -421,11 +444,15 @@ def environment_info() -> dict[str, Any]:
     }
 
 
-def render(results: list[dict[str, Any]], imports: dict[str, Any] | None, info: dict[str, Any]) -> str:
+def render(
+    results: list[dict[str, Any]], imports: dict[str, Any] | None, info: dict[str, Any]
+) -> str:
     from tabulate import tabulate
 
     out = []
-    out.append("Environment: " + ", ".join(f"{k}={v}" for k, v in info.items() if k not in ("argv",)))
+    out.append(
+        "Environment: " + ", ".join(f"{k}={v}" for k, v in info.items() if k not in ("argv",))
+    )
     out.append("")
     out.append("What each side resolved the flags to:")
     rows = []
@@ -434,7 +461,9 @@ def render(results: list[dict[str, Any]], imports: dict[str, Any] | None, info: 
         rows.append(["", "lightning", r["lightning_outcome"]])
     out.append(tabulate(rows, headers=["flags", "library", "outcome"], tablefmt="github"))
     out.append("")
-    out.append("Lightning's side effects per construction (observed once per flag set, not while timing):")
+    out.append(
+        "Lightning's side effects per construction (observed once per flag set, not while timing):"
+    )
     rows = []
     for r in results:
         fx = r["lightning_side_effects"]
@@ -450,7 +479,13 @@ def render(results: list[dict[str, Any]], imports: dict[str, Any] | None, info: 
     out.append(
         tabulate(
             rows,
-            headers=["flags", "warnings", "log lines", "env vars changed", "sets rank_zero_only.rank"],
+            headers=[
+                "flags",
+                "warnings",
+                "log lines",
+                "env vars changed",
+                "sets rank_zero_only.rank",
+            ],
             tablefmt="github",
         )
     )
@@ -473,7 +508,9 @@ def render(results: list[dict[str, Any]], imports: dict[str, Any] | None, info: 
             if name == "interlock":
                 verdict = "met" if ratio >= PLAN_SPEEDUP_TARGET else "MISSED"
                 met_all &= ratio >= PLAN_SPEEDUP_TARGET
-                if r["interlock_outcome"].startswith("refused") != r["lightning_outcome"].startswith("refused"):
+                if r["interlock_outcome"].startswith("refused") != r[
+                    "lightning_outcome"
+                ].startswith("refused"):
                     verdict += " (*)"
                     footnote = True
             rows.append(
@@ -521,13 +558,21 @@ def render(results: list[dict[str, Any]], imports: dict[str, Any] | None, info: 
         f"{info.get('timer_overhead_us', float('nan')):.2f} us median."
     )
     out.append("")
-    out.append(f"plan() latency target ({PLAN_SPEEDUP_TARGET:g}x at the median): {'MET' if met_all else 'MISSED'}")
+    out.append(
+        f"plan() latency target ({PLAN_SPEEDUP_TARGET:g}x at the median): {'MET' if met_all else 'MISSED'}"
+    )
 
     if imports is not None:
         out.append("")
-        out.append(f"Import time, fresh interpreter, median of {imports['runs']} runs (milliseconds):")
+        out.append(
+            f"Import time, fresh interpreter, median of {imports['runs']} runs (milliseconds):"
+        )
         rows = [[label, f"{ms:.0f}"] for label, ms in imports["median_ms"].items()]
-        out.append(tabulate(rows, headers=["command", "median ms"], tablefmt="github", disable_numparse=True))
+        out.append(
+            tabulate(
+                rows, headers=["command", "median ms"], tablefmt="github", disable_numparse=True
+            )
+        )
         added = imports["added_on_top_of_torch_ms"]
         inside = imports["import_interlock_after_torch_in_process_ms"]
         verdict = "MET" if max(added, inside) <= IMPORT_OVERHEAD_TARGET_MS else "MISSED"
@@ -560,11 +605,21 @@ def render(results: list[dict[str, Any]], imports: dict[str, Any] | None, info: 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=2000, help="timed calls per flag set and contender")
-    parser.add_argument("--warmup", type=int, default=50, help="untimed calls per flag set and contender first")
-    parser.add_argument("--import-runs", type=int, default=15, help="fresh interpreters per import snippet (>= 7)")
-    parser.add_argument("--skip-imports", action="store_true", help="only time plan() and _Connector")
-    parser.add_argument("--importtime", action="store_true", help="also list interlock's slowest modules")
+    parser.add_argument(
+        "--repeat", type=int, default=2000, help="timed calls per flag set and contender"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=50, help="untimed calls per flag set and contender first"
+    )
+    parser.add_argument(
+        "--import-runs", type=int, default=15, help="fresh interpreters per import snippet (>= 7)"
+    )
+    parser.add_argument(
+        "--skip-imports", action="store_true", help="only time plan() and _Connector"
+    )
+    parser.add_argument(
+        "--importtime", action="store_true", help="also list interlock's slowest modules"
+    )
     parser.add_argument("--json", metavar="PATH", help="also write every figure to this JSON file")
     args = parser.parse_args(argv)
     if args.import_runs < 7:
@@ -573,12 +628,17 @@ def main(argv: list[str] | None = None) -> int:
     # Lightning reads LT_ACCELERATOR, LT_DEVICES, ... and would then answer other flags.
     lt_vars = sorted(k for k in os.environ if k.startswith("LT_"))
     if lt_vars:
-        print(f"warning: {', '.join(lt_vars)} set; Lightning reads these and overrides the flags", file=sys.stderr)
+        print(
+            f"warning: {', '.join(lt_vars)} set; Lightning reads these and overrides the flags",
+            file=sys.stderr,
+        )
 
     try:
         import interlock
     except ImportError as exc:
-        parser.exit(2, f"cannot import interlock ({exc}); install it with `pip install -e . --no-deps`\n")
+        parser.exit(
+            2, f"cannot import interlock ({exc}); install it with `pip install -e . --no-deps`\n"
+        )
     import torch  # noqa: F401 - imported first so the Lightning figures below exclude it
 
     env_before = dict(os.environ)
@@ -591,7 +651,10 @@ def main(argv: list[str] | None = None) -> int:
     lightning_import_env = sorted(k for k in os.environ if env_before.get(k) != os.environ[k])
 
     machine = interlock.Machine.probe()
-    results = [bench_flag_set(fs, args.repeat, args.warmup, interlock, _Connector, machine) for fs in FLAG_SETS]
+    results = [
+        bench_flag_set(fs, args.repeat, args.warmup, interlock, _Connector, machine)
+        for fs in FLAG_SETS
+    ]
     imports = None
     if not args.skip_imports:
         imports = bench_imports(args.import_runs)
@@ -599,14 +662,21 @@ def main(argv: list[str] | None = None) -> int:
             imports["importtime"] = importtime_report()
 
     info = environment_info()
-    info["timer_overhead_us"] = round(statistics.median(_timed(lambda: None) for _ in range(10_000)) / 1000.0, 3)
+    info["timer_overhead_us"] = round(
+        statistics.median(_timed(lambda: None) for _ in range(10_000)) / 1000.0, 3
+    )
     info["repeat"] = args.repeat
     info["lightning_import_after_torch_ms"] = round(lightning_import_s * 1000)
     info["env_vars_set_by_importing_lightning"] = lightning_import_env or "none"
     print(render(results, imports, info))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"environment": info, "plan": results, "imports": imports}, fh, indent=2, default=str)
+            json.dump(
+                {"environment": info, "plan": results, "imports": imports},
+                fh,
+                indent=2,
+                default=str,
+            )
     return 0
 
 
