@@ -437,3 +437,48 @@ def test_error_carries_fields_trace_and_survives_pickling() -> None:
 def test_num_nodes_must_be_a_real_int() -> None:
     for junk in (True, 1.0, "2", 0, -1):
         assert untyped_refusal(CPU, num_nodes=junk).code == "invalid-num-nodes"
+
+
+# --------------------------------------------------------------------------- memo
+
+
+def test_memo_returns_the_same_plan_and_never_conflates_types() -> None:
+    from interlock.connector.planner import clear_cache
+
+    clear_cache()
+    first = plan(devices=1, precision=16, machine=EIGHT_GPUS)
+    assert plan(devices=1, precision=16, machine=EIGHT_GPUS) is first
+    # equal in Python, different flags here
+    assert untyped_refusal(EIGHT_GPUS, devices=True).code == "invalid-devices"
+    assert untyped_refusal(EIGHT_GPUS, devices=1.0).code == "invalid-devices"
+    assert untyped_refusal(EIGHT_GPUS, devices=1, precision=16.0).code == "unknown-precision"
+    assert plan(devices=[1], machine=EIGHT_GPUS).parallel_devices == ("cuda:1",)
+    assert plan(devices=(1,), machine=EIGHT_GPUS).parallel_devices == ("cuda:1",)
+    # an equal machine built separately hits the memo too
+    assert plan(devices=1, precision=16, machine=Machine(cuda_devices=8)) is first
+
+
+def test_memo_follows_the_registry() -> None:
+    import dataclasses
+
+    from interlock import register_strategy, unregister_strategy
+    from interlock.connector.registry import strategy_specs
+
+    spec = dataclasses.replace(strategy_specs()["ddp"], name="ddp_memo_probe",
+                               factory="x.y:Z", variant_of=None)
+    register_strategy(spec)
+    try:
+        assert plan(strategy="ddp_memo_probe", devices=2, machine=CPU).strategy == (
+            "ddp_memo_probe")
+    finally:
+        unregister_strategy("ddp_memo_probe")
+    assert refusal(CPU, strategy="ddp_memo_probe", devices=2).code == "unknown-strategy"
+
+
+def test_memo_is_bounded() -> None:
+    from interlock.connector.planner import _MEMO, MEMO_SIZE, clear_cache
+
+    clear_cache()
+    for n in range(1, MEMO_SIZE + 50):
+        plan(accelerator="cpu", devices=n, machine=CPU)
+    assert len(_MEMO) == MEMO_SIZE

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from interlock import Machine, ResolutionError, plan
-from interlock.connector.plan import STAGES
+from interlock.connector.planner import STAGES
 from machines import (
     CPU,
     EIGHT_GPUS,

@@ -9,7 +9,7 @@ from typing import Any
 from interlock.connector.builtin import BUILTIN_STRATEGIES
 from interlock.connector.docs import RULES_PATH, render_rules_markdown
 from interlock.connector.errors import ERROR_CODES
-from interlock.connector.plan import STAGES
+from interlock.connector.planner import STAGES
 from interlock.connector.rules import always
 from interlock.connector.specs import spec_problems
 from interlock.connector.tables import (

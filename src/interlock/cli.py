@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from interlock.connector.errors import ResolutionError
 from interlock.connector.machine import OPTIONAL_PACKAGES, START_METHODS, Machine
-from interlock.connector.plan import plan
+from interlock.connector.planner import plan
 from interlock.connector.registry import RegistrationError
 
 SIMULATE_HELP = (

@@ -2,7 +2,7 @@
 
 from interlock.connector.errors import ERROR_CODES, ResolutionError
 from interlock.connector.machine import Machine
-from interlock.connector.plan import STAGES, Plan, plan
+from interlock.connector.planner import STAGES, Plan, plan
 from interlock.connector.registry import (
     RegistrationError,
     register_strategy,

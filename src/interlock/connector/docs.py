@@ -8,7 +8,7 @@ from pathlib import Path
 
 from interlock.connector.builtin import BUILTIN_STRATEGIES
 from interlock.connector.errors import ERROR_CODES
-from interlock.connector.plan import STAGES
+from interlock.connector.planner import STAGES
 from interlock.connector.tables import (
     ACCELERATOR_ALIASES,
     ACCELERATOR_CHOOSERS,

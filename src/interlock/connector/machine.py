@@ -45,6 +45,7 @@ class Machine:
     interactive: bool = False
     start_methods: tuple[str, ...] = START_METHODS
     packages: frozenset[str] = frozenset()
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("cuda_devices", "xla_devices"):
@@ -70,19 +71,20 @@ class Machine:
         object.__setattr__(self, "environ", MappingProxyType(env))
         object.__setattr__(self, "start_methods", tuple(self.start_methods))
         object.__setattr__(self, "packages", frozenset(self.packages))
+        # Computed once: plan() looks machines up in its memo on every call.
+        key = (
+            self.cuda_devices,
+            self.mps_available,
+            self.xla_devices,
+            tuple(sorted(self.environ.items())),
+            self.interactive,
+            self.start_methods,
+            self.packages,
+        )
+        object.__setattr__(self, "_hash", hash(key))
 
     def __hash__(self) -> int:
-        return hash(
-            (
-                self.cuda_devices,
-                self.mps_available,
-                self.xla_devices,
-                tuple(sorted(self.environ.items())),
-                self.interactive,
-                self.start_methods,
-                self.packages,
-            )
-        )
+        return self._hash
 
     def describe(self) -> str:
         """One line that names every fact, as used in error messages and `doctor`."""

@@ -23,6 +23,12 @@ _specs: dict[str, StrategySpec] = {spec.name: spec for spec in BUILTIN_STRATEGIE
 _view: Mapping[str, StrategySpec] = MappingProxyType(_specs)
 _lock = threading.Lock()
 _entry_points_loaded = False
+_version = 0
+
+
+def registry_version() -> int:
+    """A number that changes whenever the set of strategies changes."""
+    return _version
 
 
 def register_strategy(spec: StrategySpec, *, source: str = "register_strategy()") -> None:
@@ -39,6 +45,7 @@ def register_strategy(spec: StrategySpec, *, source: str = "register_strategy()"
 
 
 def _register(spec: object, source: str) -> None:
+    global _version
     problems = spec_problems(spec)
     if problems or not isinstance(spec, StrategySpec):
         name = getattr(spec, "name", "?")
@@ -57,15 +64,19 @@ def _register(spec: object, source: str) -> None:
                 f"cannot register strategy {spec.name!r} from {source}: the name is "
                 f"already taken by {existing.factory}"
             )
-        _specs[spec.name] = spec
+        if existing is None:
+            _specs[spec.name] = spec
+            _version += 1
 
 
 def unregister_strategy(name: str) -> None:
     """Remove a non-built-in strategy (for tests and plugin reloads)."""
     if any(spec.name == name for spec in BUILTIN_STRATEGIES):
         raise RegistrationError(f"cannot unregister built-in strategy {name!r}")
+    global _version
     with _lock:
-        _specs.pop(name, None)
+        if _specs.pop(name, None) is not None:
+            _version += 1
 
 
 def strategy_specs() -> Mapping[str, StrategySpec]:

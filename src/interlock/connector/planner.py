@@ -9,7 +9,7 @@ from typing import TypeAlias
 from interlock.connector.flag_rules import FLAGS_STAGE, plugin_kind
 from interlock.connector.machine import Machine
 from interlock.connector.machine_rules import ACCELERATOR_STAGE, CLUSTER_STAGE, DEVICES_STAGE
-from interlock.connector.registry import strategy_specs
+from interlock.connector.registry import registry_version, strategy_specs
 from interlock.connector.rules import Context, Stage, run_stages
 from interlock.connector.specs import StrategySpec
 from interlock.connector.strategy_rules import PLUGINS_STAGE, PRECISION_STAGE, STRATEGY_STAGE
@@ -122,6 +122,35 @@ class Plan:
         }
 
 
+#: Plans already made, by type-exact flags, machine and registry version. plan() is
+#: pure and Plans are immutable, so handing out the same object again is invisible
+#: to callers; only successful plans without plugin objects are kept.
+_MEMO: dict[tuple[object, ...], Plan] = {}
+MEMO_SIZE = 1024
+
+
+def clear_cache() -> None:
+    """Forget memoised plans (they are also keyed by the registry's version)."""
+    _MEMO.clear()
+
+
+def _exact(value: object) -> object:
+    """A hashable stand-in for a flag that never equates different types.
+
+    ``1``, ``True`` and ``1.0`` are equal and hash alike in Python but are different
+    flags here (a count, an invalid bool, an invalid float), so the type is part of
+    the key. Returns None for values that are not memoised.
+    """
+    kind = type(value)
+    if kind is str or kind is int:
+        return (kind, value)
+    if isinstance(value, (list, tuple)) and kind in (list, tuple):
+        items = tuple(value)
+        if all(type(v) is int for v in items):
+            return (kind, items)
+    return None
+
+
 def plan(
     accelerator: str = "auto",
     devices: DevicesFlag = "auto",
@@ -152,9 +181,19 @@ def plan(
     """
     if machine is None:
         machine = Machine.probe()
+    specs = strategy_specs()
+    key: tuple[object, ...] | None = None
+    if plugins is None:
+        parts = (_exact(accelerator), _exact(devices), _exact(strategy), _exact(precision),
+                 _exact(num_nodes))
+        if None not in parts:
+            key = (*parts, machine, registry_version())
+            hit = _MEMO.get(key)
+            if hit is not None:
+                return hit
     ctx = Context(
         machine=machine,
-        specs=strategy_specs(),
+        specs=specs,
         accelerator_flag=accelerator,
         devices_flag=devices,
         strategy_flag=strategy,
@@ -164,7 +203,7 @@ def plan(
     )
     run_stages(STAGES, ctx)
     spec = ctx.chosen_spec
-    return Plan(
+    result = Plan(
         accelerator=ctx.accelerator,
         strategy=spec.name,
         precision=ctx.precision,
@@ -180,3 +219,8 @@ def plan(
         plugins=ctx.plugins.given(),
         machine=machine,
     )
+    if key is not None:
+        if len(_MEMO) >= MEMO_SIZE:
+            _MEMO.pop(next(iter(_MEMO)))
+        _MEMO[key] = result
+    return result
