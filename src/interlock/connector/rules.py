@@ -168,22 +168,24 @@ def refuse(
     )
 
 
+def run_decision(stage: str, decision: Decision, ctx: Context) -> None:
+    """Apply the first matching rule of one decision to ``ctx``."""
+    for rule in decision.rules:
+        if not rule.when(ctx):
+            continue
+        try:
+            reason = rule.then(ctx)
+        except ResolutionError as error:
+            error.rule = rule.id
+            error.trace = tuple(ctx.trace)
+            raise
+        ctx.trace.append(TraceStep(stage, decision.id, rule.id, reason))
+        return
+    raise RuntimeError(f"internal error: no rule of {decision.id!r} matched")
+
+
 def run_stages(stages: Sequence[Stage], ctx: Context) -> None:
     """Apply every decision of every stage to ``ctx`` in order."""
     for stage in stages:
         for decision in stage.decisions:
-            for rule in decision.rules:
-                if not rule.when(ctx):
-                    continue
-                try:
-                    reason = rule.then(ctx)
-                except ResolutionError as error:
-                    error.rule = rule.id
-                    error.trace = tuple(ctx.trace)
-                    raise
-                ctx.trace.append(
-                    TraceStep(stage=stage.name, decision=decision.id, rule=rule.id, reason=reason)
-                )
-                break
-            else:
-                raise RuntimeError(f"internal error: no rule of {decision.id!r} matched")
+            run_decision(stage.name, decision, ctx)

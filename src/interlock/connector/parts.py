@@ -1,0 +1,67 @@
+"""The engine's rules, offered to the runtime parts so that none keeps a second copy.
+
+Accelerators parse devices, and cluster environments detect themselves and validate
+the job's geometry, through these functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from interlock.connector.flag_rules import DEVICES_FLAG
+from interlock.connector.machine import Machine
+from interlock.connector.machine_rules import CLUSTER_CHECK, DEVICES_STAGE
+from interlock.connector.registry import strategy_specs
+from interlock.connector.rules import Context, run_decision, run_stages
+from interlock.connector.tables import CLUSTER_ROWS, ENVIRONMENT_VARIABLES
+
+
+def _context(machine: Machine, devices: object, num_nodes: int) -> Context:
+    return Context(
+        machine=machine,
+        specs=strategy_specs(),
+        accelerator_flag=None,
+        devices_flag=devices,
+        strategy_flag=None,
+        precision_flag=None,
+        num_nodes_flag=num_nodes,
+        plugins_flag=None,
+        num_nodes=num_nodes,
+    )
+
+
+def place_devices(accelerator: str, devices: object, machine: Machine) -> tuple[str, ...]:
+    """The torch device strings of one node for ``devices`` on ``accelerator``.
+
+    Raises:
+        ResolutionError: the devices value is invalid or the machine lacks the devices.
+    """
+    ctx = _context(machine, devices, 1)
+    ctx.accelerator = accelerator
+    run_decision("flags", DEVICES_FLAG, ctx)
+    run_stages((DEVICES_STAGE,), ctx)
+    return ctx.parallel_devices
+
+
+def cluster_detected(name: str, environ: Mapping[str, str]) -> bool:
+    """Whether the cluster table's detector for ``name`` holds for ``environ``."""
+    detect = CLUSTER_ROWS[name].detect
+    return detect is not None and detect(environ)
+
+
+def check_cluster_geometry(
+    name: str, devices_per_node: int, num_nodes: int, environ: Mapping[str, str]
+) -> None:
+    """Refuse a job whose geometry (from ``name``'s variables) differs from the flags.
+
+    Raises:
+        ResolutionError: ``cluster-mismatch`` or ``invalid-environment``.
+    """
+    row = CLUSTER_ROWS.get(name)
+    if row is None:
+        return  # a third-party environment: nothing the tables know to check
+    machine = Machine(environ={k: environ[k] for k in ENVIRONMENT_VARIABLES if k in environ})
+    ctx = _context(machine, devices_per_node, num_nodes)
+    ctx.parallel_devices = ("cpu",) * devices_per_node
+    ctx.cluster, ctx.cluster_row, ctx.cluster_external = row.name, row, row.external
+    run_decision("cluster", CLUSTER_CHECK, ctx)

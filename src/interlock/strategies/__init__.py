@@ -1,0 +1,4 @@
+"""The runtime: Strategy and the parts it owns.
+
+Importing this package imports torch; `import interlock` alone does not.
+"""

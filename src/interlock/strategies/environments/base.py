@@ -1,0 +1,81 @@
+"""`ClusterEnvironment`: where ranks, addresses and the job's geometry come from."""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import ClassVar
+
+
+class ClusterEnvironment(ABC):
+    """Ranks and the rendezvous address of the current process.
+
+    ``name`` is the engine's cluster-table name (``"slurm"``, ``"torchelastic"``, ...);
+    detection and geometry checks are the engine's rules, not a second copy.
+    """
+
+    interlock_plugin_kind: ClassVar[str] = "cluster_environment"
+    name: ClassVar[str]
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        # Read lazily from os.environ unless given: launchers set variables for children.
+        self._environ = environ
+
+    @property
+    def environ(self) -> Mapping[str, str]:
+        return os.environ if self._environ is None else self._environ
+
+    @property
+    @abstractmethod
+    def creates_processes_externally(self) -> bool:
+        """Whether something other than interlock started the processes."""
+
+    @property
+    @abstractmethod
+    def main_address(self) -> str:
+        """Host of the rank-0 rendezvous store."""
+
+    @property
+    @abstractmethod
+    def main_port(self) -> int:
+        """Port of the rank-0 rendezvous store."""
+
+    @classmethod
+    @abstractmethod
+    def detect(cls, environ: Mapping[str, str] | None = None) -> bool:
+        """Whether the environment (default ``os.environ``) is this cluster's."""
+
+    @abstractmethod
+    def world_size(self) -> int:
+        """Total number of processes."""
+
+    @abstractmethod
+    def set_world_size(self, size: int) -> None:
+        """Record the world size (launchers that create processes call this)."""
+
+    @abstractmethod
+    def global_rank(self) -> int:
+        """Rank of this process among all processes."""
+
+    @abstractmethod
+    def set_global_rank(self, rank: int) -> None:
+        """Record the global rank (launchers that create processes call this)."""
+
+    @abstractmethod
+    def local_rank(self) -> int:
+        """Rank of this process on its node."""
+
+    @abstractmethod
+    def node_rank(self) -> int:
+        """Index of this process's node."""
+
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        """Refuse (``ResolutionError``, ``cluster-mismatch``) a job geometry that does not
+        match ``num_devices`` per node x ``num_nodes``, before any collective."""
+        from interlock.connector.parts import check_cluster_geometry
+
+        check_cluster_geometry(self.name, num_devices, num_nodes, self.environ)
+
+    def teardown(self) -> None:
+        """Undo anything set up (environment variables this object exported)."""
