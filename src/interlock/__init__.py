@@ -10,6 +10,7 @@ from interlock.connector import (
     TraceStep,
     plan,
     register_strategy,
+    resolve,
     strategy_specs,
     unregister_strategy,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "__version__",
     "plan",
     "register_strategy",
+    "resolve",
     "strategy_specs",
     "unregister_strategy",
 ]

@@ -2,7 +2,7 @@
 
 from interlock.connector.errors import ERROR_CODES, ResolutionError
 from interlock.connector.machine import Machine
-from interlock.connector.planner import STAGES, Plan, plan
+from interlock.connector.planner import STAGES, Plan, plan, resolve
 from interlock.connector.registry import (
     RegistrationError,
     register_strategy,
@@ -23,6 +23,7 @@ __all__ = [
     "TraceStep",
     "plan",
     "register_strategy",
+    "resolve",
     "strategy_specs",
     "unregister_strategy",
 ]

@@ -86,6 +86,10 @@ class Machine:
     def __hash__(self) -> int:
         return self._hash
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # mappingproxy does not pickle; strategies travel to spawned workers
+        return (_rebuild_machine, (self.to_dict(),))
+
     def describe(self) -> str:
         """One line that names every fact, as used in error messages and `doctor`."""
         parts = [
@@ -135,6 +139,10 @@ class Machine:
             ),
             packages=packages,
         )
+
+
+def _rebuild_machine(fields: dict[str, object]) -> Machine:
+    return Machine(**fields)  # type: ignore[arg-type]
 
 
 def _is_interactive() -> bool:

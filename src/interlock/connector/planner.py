@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from interlock.connector.flag_rules import FLAGS_STAGE, plugin_kind
 from interlock.connector.machine import Machine
@@ -14,6 +15,9 @@ from interlock.connector.rules import Context, Stage, run_stages
 from interlock.connector.specs import StrategySpec
 from interlock.connector.strategy_rules import PLUGINS_STAGE, PRECISION_STAGE, STRATEGY_STAGE
 from interlock.connector.trace import TraceStep
+
+if TYPE_CHECKING:
+    from interlock.strategies.base import Strategy
 
 #: The stages, in the order they run.
 STAGES: tuple[Stage, ...] = (
@@ -73,6 +77,18 @@ class Plan:
         """Processes (devices) per node."""
         return len(self.parallel_devices)
 
+    def build(self) -> Strategy:
+        """Wire the strategy this plan describes (imports its module now).
+
+        The factory named by the strategy's row is a Strategy class with a
+        ``from_plan(plan)`` classmethod, or any callable taking the plan.
+        """
+        factory = load_factory(self.spec)
+        builder = getattr(factory, "from_plan", None)
+        strategy: Strategy = builder(self) if builder is not None else factory(self)
+        strategy.plan = self
+        return strategy
+
     def summary(self) -> str:
         """One line: what will run, where, and how."""
         nodes = f"{self.num_nodes} node{'s' if self.num_nodes != 1 else ''}"
@@ -120,6 +136,41 @@ class Plan:
             "notes": list(self.notes),
             "trace": [step.to_dict() for step in self.trace],
         }
+
+
+def load_factory(spec: StrategySpec) -> Any:
+    """Import the object a spec's ``factory`` names, with an error that says which
+    strategy needed it and what to install."""
+    module_name, _, attribute = spec.factory.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as exc:
+        from interlock.connector.tables import INSTALL_HINTS
+
+        hints = "; ".join(INSTALL_HINTS[p] for p in spec.requires if p in INSTALL_HINTS)
+        raise ImportError(
+            f"strategy {spec.name!r} is implemented by {spec.factory}, which cannot be "
+            f"imported: {exc}" + (f" (install: {hints})" if hints else "")
+        ) from exc
+    return target
+
+
+def resolve(
+    accelerator: str = "auto",
+    devices: DevicesFlag = "auto",
+    strategy: str = "auto",
+    precision: PrecisionFlag = "32-true",
+    num_nodes: int = 1,
+    plugins: object = None,
+    machine: Machine | None = None,
+) -> Strategy:
+    """``plan(...).build()``: a validated, wired strategy, or a `ResolutionError`."""
+    return plan(
+        accelerator=accelerator, devices=devices, strategy=strategy, precision=precision,
+        num_nodes=num_nodes, plugins=plugins, machine=machine,
+    ).build()
 
 
 #: Plans already made, by type-exact flags, machine and registry version. plan() is

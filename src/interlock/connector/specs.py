@@ -68,10 +68,21 @@ class StrategySpec:
     def __hash__(self) -> int:
         return hash((self.name, self.factory))
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # mappingproxy does not pickle; specs travel to spawned workers with plans
+        fields = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        fields["options"] = dict(self.options)
+        fields["substitutes"] = dict(self.substitutes)
+        return (_rebuild_spec, (fields,))
+
     @property
     def interactive(self) -> bool:
         """Whether the strategy can start its processes from a notebook or REPL."""
         return self.launcher is None or LAUNCHER_ROWS[self.launcher].interactive
+
+
+def _rebuild_spec(fields: dict[str, object]) -> StrategySpec:
+    return StrategySpec(**fields)  # type: ignore[arg-type]
 
 
 def spec_problems(spec: object) -> list[str]:

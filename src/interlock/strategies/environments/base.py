@@ -77,5 +77,5 @@ class ClusterEnvironment(ABC):
 
         check_cluster_geometry(self.name, num_devices, num_nodes, self.environ)
 
-    def teardown(self) -> None:
+    def teardown(self) -> None:  # noqa: B027 - an optional hook, a no-op by default
         """Undo anything set up (environment variables this object exported)."""

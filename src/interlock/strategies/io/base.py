@@ -35,5 +35,5 @@ class CheckpointIO(ABC):
     def remove_checkpoint(self, path: PathLike) -> None:
         """Delete a checkpoint written by :meth:`save_checkpoint`."""
 
-    def teardown(self) -> None:
+    def teardown(self) -> None:  # noqa: B027 - an optional hook, a no-op by default
         """Release anything the IO holds."""

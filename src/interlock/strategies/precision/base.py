@@ -53,7 +53,7 @@ class Precision:
     def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any,
                  **kwargs: Any) -> None:
         """Backpropagate ``tensor`` (scaled first, when a scaler is used)."""
-        tensor.backward(*args, **kwargs)
+        tensor.backward(*args, **kwargs)  # type: ignore[no-untyped-call]  # untyped in torch
 
     def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
         """Step the optimizer (through the scaler, which may skip the step)."""

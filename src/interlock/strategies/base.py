@@ -1,0 +1,282 @@
+"""`Strategy` and `ParallelStrategy`: the API a framework drives.
+
+A strategy owns its accelerator, precision, checkpoint IO, cluster environment,
+launcher and collective, and calls them directly. The hierarchy is flat: concrete
+strategies derive from one of these two classes and from nothing concrete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from interlock.strategies.accelerators import Accelerator
+from interlock.strategies.collectives import Collective, ReduceOp
+from interlock.strategies.environments import ClusterEnvironment
+from interlock.strategies.init_context import empty_init_context
+from interlock.strategies.io import CheckpointIO, TorchCheckpointIO
+from interlock.strategies.launchers import Launcher
+from interlock.strategies.module_wrapper import StrategyModule, move_to_device, unwrap
+from interlock.strategies.precision import Precision
+
+if TYPE_CHECKING:
+    from interlock.connector.planner import Plan
+
+T = TypeVar("T")
+
+#: Checkpoint key under which the precision's state (the grad scaler's) travels.
+PRECISION_KEY = "interlock/precision"
+
+
+class Strategy(ABC):
+    """Where and how a model trains: one device, or many processes.
+
+    Attributes:
+        plan: the Plan this strategy was built from (None when built by hand).
+    """
+
+    #: the registry name this class serves by default
+    registry_name: ClassVar[str]
+
+    def __init__(
+        self,
+        *,
+        accelerator: Accelerator,
+        precision: Precision | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+    ) -> None:
+        self._accelerator = accelerator
+        self._precision = precision if precision is not None else Precision()
+        self._checkpoint_io = checkpoint_io if checkpoint_io is not None else TorchCheckpointIO()
+        self._launcher: Launcher | None = None
+        self.plan: Plan | None = None
+
+    # ----------------------------------------------------------------- parts
+
+    @property
+    def accelerator(self) -> Accelerator:
+        return self._accelerator
+
+    @property
+    def precision(self) -> Precision:
+        return self._precision
+
+    @property
+    def checkpoint_io(self) -> CheckpointIO:
+        return self._checkpoint_io
+
+    @property
+    def launcher(self) -> Launcher | None:
+        """How processes are created; None when the strategy runs in the caller."""
+        return self._launcher
+
+    @property
+    @abstractmethod
+    def cluster_environment(self) -> ClusterEnvironment:
+        """Where ranks and the rendezvous address come from."""
+
+    @property
+    @abstractmethod
+    def collective(self) -> Collective:
+        """The cross-process operations, called directly by the strategy."""
+
+    # ----------------------------------------------------------------- where am I
+
+    @property
+    @abstractmethod
+    def root_device(self) -> torch.device:
+        """This process's device."""
+
+    @property
+    def global_rank(self) -> int:
+        return 0
+
+    @property
+    def local_rank(self) -> int:
+        return 0
+
+    @property
+    def node_rank(self) -> int:
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.global_rank == 0
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Start the processes, set each up, run ``fn(strategy, *args, **kwargs)`` in
+        every one, tear each down, and return rank 0's result."""
+        if self._launcher is None:
+            return _run_worker(self, fn, args, kwargs)
+        result: T = self._launcher.launch(_run_worker, self, fn, args, kwargs)
+        return result
+
+    @abstractmethod
+    def setup_environment(self) -> None:
+        """Bind the device and create the process group (in the current process)."""
+
+    def teardown(self) -> None:
+        """Release everything `setup_environment` created; safe to call twice."""
+        self._precision.teardown()
+        self._accelerator.teardown()
+        self._checkpoint_io.teardown()
+
+    # ----------------------------------------------------------------- modules
+
+    def setup_module(self, module: nn.Module) -> StrategyModule:
+        """Move, convert and (for parallel strategies) wrap ``module``.
+
+        The result's forward runs under the precision's forward context with input
+        and output conversion; its state dict is the original module's.
+        """
+        module = self.module_to_device(self._precision.convert_module(module))
+        return StrategyModule(self._wrap_module(module), module, self._precision)
+
+    def _wrap_module(self, module: nn.Module) -> nn.Module:
+        return module
+
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        """Prepare an optimizer created over the set-up module's parameters."""
+        return optimizer
+
+    def module_to_device(self, module: nn.Module) -> nn.Module:
+        return module.to(self.root_device)
+
+    def batch_to_device(self, batch: Any) -> Any:
+        """``batch`` with every tensor (nested in lists, tuples, dicts) on the root device."""
+        return move_to_device(batch, self.root_device)
+
+    @contextlib.contextmanager
+    def tensor_init_context(self) -> Iterator[None]:
+        """New tensors are created on the root device, in the precision's dtype."""
+        with self.root_device, self._precision.tensor_init_context():
+            yield
+
+    @contextlib.contextmanager
+    def module_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
+        """Build a module on the root device in the precision's dtype; with
+        ``empty_init=True`` parameters are left uninitialised (to be loaded)."""
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self.root_device)
+            stack.enter_context(self._precision.module_init_context())
+            if empty_init:
+                stack.enter_context(empty_init_context())
+            yield
+
+    # ----------------------------------------------------------------- steps
+
+    def backward(self, loss: torch.Tensor, module: nn.Module | None = None, *args: Any,
+                 **kwargs: Any) -> None:
+        self._precision.backward(loss, module, *args, **kwargs)
+
+    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+        return self._precision.optimizer_step(optimizer, **kwargs)
+
+    def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float,
+                            norm_type: float = 2.0) -> torch.Tensor:
+        """Clip the gradients' total norm (unscaled first); returns the norm before."""
+        self._precision.unscale_gradients(optimizer)
+        return torch.nn.utils.clip_grad_norm_(unwrap(module).parameters(), max_norm,
+                                              norm_type=norm_type)
+
+    def clip_gradients_value(self, module: nn.Module, optimizer: Optimizer,
+                             clip_value: float) -> None:
+        self._precision.unscale_gradients(optimizer)
+        torch.nn.utils.clip_grad_value_(unwrap(module).parameters(), clip_value)
+
+    @contextlib.contextmanager
+    def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> Iterator[None]:
+        """Skip gradient synchronisation in backward (gradient accumulation)."""
+        yield
+
+    # ----------------------------------------------------------------- collectives
+
+    def all_reduce(self, tensor: torch.Tensor, reduce_op: ReduceOp = "mean") -> torch.Tensor:
+        return self.collective.all_reduce(tensor, reduce_op)
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's tensor, shape ``(world_size, *tensor.shape)``."""
+        return self.collective.all_gather(tensor)
+
+    def broadcast(self, obj: T, src: int = 0) -> T:
+        """Rank ``src``'s picklable object (tensors included) on every rank."""
+        if isinstance(obj, torch.Tensor):
+            result: Any = self.collective.broadcast(obj, src)
+            return result  # type: ignore[no-any-return]
+        return self.collective.broadcast_object(obj, src)  # type: ignore[no-any-return]
+
+    def barrier(self) -> None:
+        self.collective.barrier()
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        """Combine one boolean per rank: all of them (``all=True``) or any of them."""
+        votes = torch.tensor(int(bool(decision)), device=self.root_device)
+        total = int(self.collective.all_reduce(votes, "sum").item())
+        return total == self.world_size if all else total > 0
+
+    # ----------------------------------------------------------------- checkpoints
+
+    def save_checkpoint(self, path: str | Path, state: Mapping[str, Any]) -> None:
+        """Save modules, optimizers, the precision's state and plain values (rank 0
+        writes, atomically; every rank waits for it)."""
+        checkpoint = {name: _state_of(value) for name, value in state.items()}
+        precision_state = self._precision.state_dict()
+        if precision_state:
+            checkpoint[PRECISION_KEY] = precision_state
+        if self.is_global_zero:
+            self._checkpoint_io.save_checkpoint(checkpoint, path)
+        self.barrier()
+
+    def load_checkpoint(self, path: str | Path, state: dict[str, Any],
+                        *, weights_only: bool = True) -> dict[str, Any]:
+        """Restore modules and optimizers of ``state`` in place, set its plain values,
+        and return the checkpoint entries ``state`` did not name."""
+        checkpoint = self._checkpoint_io.load_checkpoint(
+            path, map_location="cpu", weights_only=weights_only
+        )
+        precision_state = checkpoint.pop(PRECISION_KEY, None)
+        if precision_state is not None:
+            self._precision.load_state_dict(precision_state)
+        for name, target in state.items():
+            if name not in checkpoint:
+                raise KeyError(f"checkpoint {str(path)!r} has no entry {name!r}; it has "
+                               f"{sorted(checkpoint)}")
+            value = checkpoint.pop(name)
+            if isinstance(target, nn.Module):
+                unwrap(target).load_state_dict(value)
+            elif isinstance(target, Optimizer):
+                target.load_state_dict(value)
+            else:
+                state[name] = value
+        return checkpoint
+
+
+def _state_of(value: Any) -> Any:
+    if isinstance(value, nn.Module):
+        return unwrap(value).state_dict()
+    if isinstance(value, Optimizer):
+        return value.state_dict()
+    return value
+
+
+def _run_worker(strategy: Strategy, fn: Callable[..., T], args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> T:
+    """What every process runs: set up, call the user's function, tear down."""
+    strategy.setup_environment()
+    try:
+        return fn(strategy, *args, **kwargs)
+    finally:
+        strategy.teardown()

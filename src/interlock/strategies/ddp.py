@@ -1,0 +1,118 @@
+"""`DDPStrategy`: DistributedDataParallel with any of four launchers."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from interlock.strategies.accelerators import Accelerator
+from interlock.strategies.environments import ClusterEnvironment
+from interlock.strategies.io import CheckpointIO
+from interlock.strategies.launchers import (
+    ExternalLauncher,
+    MultiProcessingLauncher,
+    SubprocessScriptLauncher,
+)
+from interlock.strategies.module_wrapper import StrategyModule
+from interlock.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+from interlock.strategies.parts import parts_from_plan
+from interlock.strategies.precision import Precision
+
+if TYPE_CHECKING:
+    from interlock.connector.planner import Plan
+
+#: start method -> the registry name of that launch style
+DDP_NAMES = {"popen": "ddp", "spawn": "ddp_spawn", "fork": "ddp_fork",
+             "forkserver": "ddp_forkserver"}
+
+
+class DDPStrategy(ParallelStrategy):
+    """Data parallel: a full replica per process, gradients averaged in backward.
+
+    Args:
+        start_method: ``"popen"`` re-runs the script per rank; ``"spawn"``, ``"fork"``
+            and ``"forkserver"`` start worker processes from this one.
+        find_unused_parameters, static_graph, gradient_as_bucket_view: passed to
+            ``DistributedDataParallel``.
+        backend: process-group backend; gloo on cpu and nccl on cuda by default.
+        timeout: how long a collective waits for a missing rank before failing.
+    """
+
+    registry_name: ClassVar[str] = "ddp"
+
+    def __init__(
+        self,
+        *,
+        accelerator: Accelerator,
+        parallel_devices: Sequence[torch.device | str],
+        num_nodes: int = 1,
+        precision: Precision | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        start_method: str = "popen",
+        find_unused_parameters: bool = False,
+        static_graph: bool = False,
+        gradient_as_bucket_view: bool = False,
+        backend: str | None = None,
+        timeout: datetime.timedelta = DEFAULT_TIMEOUT,
+        **ddp_kwargs: Any,
+    ) -> None:
+        if start_method not in DDP_NAMES:
+            raise ValueError(
+                f"start_method {start_method!r} is unknown; choose {', '.join(DDP_NAMES)}"
+            )
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=[torch.device(d) for d in parallel_devices],
+            num_nodes=num_nodes, precision=precision, checkpoint_io=checkpoint_io,
+            cluster_environment=cluster_environment, backend=backend, timeout=timeout,
+        )
+        self.start_method = start_method
+        self.ddp_kwargs = {
+            "find_unused_parameters": find_unused_parameters,
+            "static_graph": static_graph,
+            "gradient_as_bucket_view": gradient_as_bucket_view,
+            **ddp_kwargs,
+        }
+        self._launcher = self._make_launcher()
+
+    @classmethod
+    def from_plan(cls, plan: Plan) -> DDPStrategy:
+        return cls(parallel_devices=[torch.device(d) for d in plan.parallel_devices],
+                   num_nodes=plan.num_nodes, **parts_from_plan(plan), **plan.spec.options)
+
+    @property
+    def name(self) -> str:
+        """The registry name of this launch style."""
+        return DDP_NAMES[self.start_method]
+
+    def _make_launcher(self) -> ExternalLauncher | SubprocessScriptLauncher | MultiProcessingLauncher:
+        cluster = self.cluster_environment
+        if cluster.creates_processes_externally:
+            return ExternalLauncher()
+        where = {"num_processes": self.num_processes, "node_rank": cluster.node_rank(),
+                 "num_nodes": self.num_nodes, "main_address": cluster.main_address,
+                 "main_port": cluster.main_port}
+        if self.start_method == "popen":
+            return SubprocessScriptLauncher(**where)
+        return MultiProcessingLauncher(start_method=self.start_method, **where)
+
+    def _wrap_module(self, module: nn.Module) -> nn.Module:
+        device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
+        return DistributedDataParallel(module, device_ids=device_ids, **self.ddp_kwargs)
+
+    @contextlib.contextmanager
+    def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> Iterator[None]:
+        """Accumulate gradients locally: backward inside skips the all-reduce."""
+        inner = module.forward_module if isinstance(module, StrategyModule) else module
+        if not enabled or not isinstance(inner, DistributedDataParallel):
+            yield
+            return
+        with inner.no_sync():
+            yield

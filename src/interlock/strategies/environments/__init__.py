@@ -1,0 +1,66 @@
+"""Cluster environments: where ranks, addresses and the job's geometry come from."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from interlock.strategies.environments.base import ClusterEnvironment
+from interlock.strategies.environments.hostlist import expand_hostlist, first_host
+from interlock.strategies.environments.kubeflow import KubeflowEnvironment
+from interlock.strategies.environments.local import LocalEnvironment
+from interlock.strategies.environments.lsf import LSFEnvironment
+from interlock.strategies.environments.mpi import MPIEnvironment
+from interlock.strategies.environments.slurm import SLURMEnvironment
+from interlock.strategies.environments.torchelastic import TorchElasticEnvironment
+from interlock.strategies.environments.xla import XLAEnvironment
+
+#: The class for each of the engine's cluster names (``CLUSTER_NAMES``).
+ENVIRONMENTS: Mapping[str, type[ClusterEnvironment]] = MappingProxyType(
+    {
+        cls.name: cls
+        for cls in (
+            TorchElasticEnvironment,
+            SLURMEnvironment,
+            KubeflowEnvironment,
+            LSFEnvironment,
+            MPIEnvironment,
+            XLAEnvironment,
+            LocalEnvironment,
+        )
+    }
+)
+
+
+def environment_for(name: str, environ: Mapping[str, str] | None = None) -> ClusterEnvironment:
+    """The cluster environment for one of the engine's cluster names (a Plan's
+    ``cluster_environment``), reading ``environ`` (default ``os.environ``).
+
+    Raises:
+        ValueError: ``name`` is not a cluster name the engine knows.
+    """
+    cls = ENVIRONMENTS.get(name)
+    if cls is None:
+        close = difflib.get_close_matches(name, list(ENVIRONMENTS), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(
+            f"unknown cluster environment {name!r}.{hint} Choices: {', '.join(ENVIRONMENTS)}."
+        )
+    return cls(environ)
+
+
+__all__ = [
+    "ENVIRONMENTS",
+    "ClusterEnvironment",
+    "KubeflowEnvironment",
+    "LSFEnvironment",
+    "LocalEnvironment",
+    "MPIEnvironment",
+    "SLURMEnvironment",
+    "TorchElasticEnvironment",
+    "XLAEnvironment",
+    "environment_for",
+    "expand_hostlist",
+    "first_host",
+]

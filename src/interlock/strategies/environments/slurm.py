@@ -1,0 +1,73 @@
+"""`SLURMEnvironment`: processes started by ``srun`` inside a SLURM job."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from interlock.connector.errors import ResolutionError
+from interlock.connector.parts import cluster_detected
+from interlock.strategies.environments._external import ExternalEnvironment
+from interlock.strategies.environments._variables import (
+    port_from_job,
+    read_int,
+    read_port,
+    read_str,
+)
+from interlock.strategies.environments.hostlist import first_host
+
+
+class SLURMEnvironment(ExternalEnvironment):
+    """Ranks from the variables srun exports to every task.
+
+    ``SLURM_PROCID`` (global rank), ``SLURM_LOCALID``, ``SLURM_NODEID``, ``SLURM_NTASKS``.
+    The main address is ``MASTER_ADDR`` when set, else the first host of
+    ``SLURM_NODELIST`` (``SLURM_JOB_NODELIST`` when that is absent). The main port is
+    ``MASTER_PORT`` when set, else ``15000 + SLURM_JOB_ID % 5000``: every task of the
+    job computes the same port without communicating.
+
+    An interactive allocation (job name ``bash`` or ``interactive``) is not detected as
+    SLURM: there, interlock's launcher starts the processes.
+    """
+
+    name = "slurm"
+
+    @property
+    def main_address(self) -> str:
+        address = self.environ.get("MASTER_ADDR", "").strip()
+        if address:
+            return address
+        name = "SLURM_NODELIST" if "SLURM_NODELIST" in self.environ else "SLURM_JOB_NODELIST"
+        nodelist = read_str(self.name, self.environ, name)
+        try:
+            return first_host(nodelist)
+        except ValueError as exc:
+            raise ResolutionError(
+                "invalid-environment",
+                flag="environment",
+                value=f"{name}={nodelist}",
+                reason=f"the slurm environment cannot read the host list in {name}: {exc}; "
+                "set MASTER_ADDR to the first node's host name.",
+            ) from exc
+
+    @property
+    def main_port(self) -> int:
+        if "MASTER_PORT" in self.environ:
+            return read_port(self.name, self.environ, "MASTER_PORT")
+        return port_from_job(self.name, self.environ, "SLURM_JOB_ID")
+
+    @classmethod
+    def detect(cls, environ: Mapping[str, str] | None = None) -> bool:
+        return cluster_detected(cls.name, os.environ if environ is None else environ)
+
+    def world_size(self) -> int:
+        return read_int(self.name, self.environ, "SLURM_NTASKS", minimum=1)
+
+    def global_rank(self) -> int:
+        return read_int(self.name, self.environ, "SLURM_PROCID")
+
+    def local_rank(self) -> int:
+        return read_int(self.name, self.environ, "SLURM_LOCALID")
+
+    def node_rank(self) -> int:
+        return read_int(self.name, self.environ, "SLURM_NODEID")

@@ -1,0 +1,45 @@
+"""`TorchElasticEnvironment`: processes started by ``torchrun`` (TorchElastic)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from interlock.connector.parts import cluster_detected
+from interlock.strategies.environments._external import ExternalEnvironment
+from interlock.strategies.environments._variables import read_int, read_port, read_str
+
+
+class TorchElasticEnvironment(ExternalEnvironment):
+    """Ranks from the variables torchrun exports to every worker.
+
+    ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``GROUP_RANK`` (the node's rank),
+    ``MASTER_ADDR`` and ``MASTER_PORT``. After an elastic restart torchrun exports new
+    values, which are read on every call.
+    """
+
+    name = "torchelastic"
+
+    @property
+    def main_address(self) -> str:
+        return read_str(self.name, self.environ, "MASTER_ADDR")
+
+    @property
+    def main_port(self) -> int:
+        return read_port(self.name, self.environ, "MASTER_PORT")
+
+    @classmethod
+    def detect(cls, environ: Mapping[str, str] | None = None) -> bool:
+        return cluster_detected(cls.name, os.environ if environ is None else environ)
+
+    def world_size(self) -> int:
+        return read_int(self.name, self.environ, "WORLD_SIZE", minimum=1)
+
+    def global_rank(self) -> int:
+        return read_int(self.name, self.environ, "RANK")
+
+    def local_rank(self) -> int:
+        return read_int(self.name, self.environ, "LOCAL_RANK")
+
+    def node_rank(self) -> int:
+        return read_int(self.name, self.environ, "GROUP_RANK")

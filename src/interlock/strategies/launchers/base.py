@@ -1,0 +1,138 @@
+"""`Launcher`: how a strategy's processes come into being."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import traceback
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+from interlock.connector.tables import LAUNCHER_ROWS
+
+#: Environment variable through which interlock's launchers hand workers the
+#: rendezvous store's address ("host:port"); the store itself lives in the launching
+#: process, bound to a port the kernel chose, so no port is ever picked and released.
+RENDEZVOUS_ENV = "INTERLOCK_RENDEZVOUS"
+#: Set to "1" when no launcher process hosts the store and global rank 0 must serve
+#: it (a multi-node job without a cluster launcher, on a fixed MASTER_PORT).
+RANK0_SERVES_ENV = "INTERLOCK_RANK0_SERVES"
+#: Where a worker started by the script launcher writes its traceback on failure.
+ERROR_FILE_ENV = "INTERLOCK_ERROR_FILE"
+
+WorkerEntry = Callable[..., Any]
+
+
+class RankFailedError(RuntimeError):
+    """A rank raised or died; the message names it and carries its traceback."""
+
+    def __init__(self, rank: int, detail: str) -> None:
+        self.rank = rank
+        self.detail = detail
+        super().__init__(f"rank {rank} failed:\n{detail}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RankFailedError, (self.rank, self.detail))
+
+
+class LaunchError(RuntimeError):
+    """The launcher cannot start processes here (and says why)."""
+
+
+class Launcher(ABC):
+    """Starts the processes of one node and runs a worker entry in each.
+
+    ``name`` is the engine's launcher name; interactive compatibility and the start
+    method come from the engine's launcher table.
+    """
+
+    #: the engine's launcher name (subprocess, spawn, fork, forkserver, xla, external)
+    name: str
+
+    @property
+    def is_interactive_compatible(self) -> bool:
+        return LAUNCHER_ROWS[self.name].interactive
+
+    @abstractmethod
+    def launch(self, entry: WorkerEntry, *args: Any, **kwargs: Any) -> Any:
+        """Run ``entry(*args, **kwargs)`` in every local process; rank 0's result."""
+
+
+def run_recording_errors(entry: WorkerEntry, args: tuple[Any, ...],
+                         kwargs: dict[str, Any]) -> Any:
+    """Run ``entry``; on failure write the traceback where the launcher that started
+    this process (``INTERLOCK_ERROR_FILE``) will read it, then re-raise."""
+    try:
+        return entry(*args, **kwargs)
+    except BaseException as exc:
+        path = os.environ.get(ERROR_FILE_ENV)
+        if path:
+            with open(path, "w", encoding="utf-8") as report:
+                report.write("".join(traceback.format_exception(exc)))
+        raise
+
+
+def die_with_parent() -> None:
+    """Ask Linux to kill this process when its parent dies (no orphans after SIGKILL)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        return
+
+
+class _Terminate(BaseException):
+    """Raised in the launching process when it receives SIGTERM."""
+
+
+class sigterm_as_exception:
+    """Within this context SIGTERM raises in the main thread, so launchers can stop
+    their children before the process exits (the default action would orphan them)."""
+
+    def __enter__(self) -> None:
+        self._previous: Any = None
+        if _in_main_thread():
+            self._previous = signal.signal(signal.SIGTERM, _raise_terminate)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+def _raise_terminate(signum: int, frame: object) -> None:
+    raise _Terminate()
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def exit_code_for_terminate() -> int:
+    return 128 + int(signal.SIGTERM)
+
+
+def set_worker_environment(
+    *, local_rank: int, node_rank: int, num_processes: int, world_size: int,
+    rendezvous: str, rank0_serves: bool = False,
+) -> None:
+    """Variables a worker reads its place from (this process only)."""
+    host, _, port = rendezvous.rpartition(":")
+    os.environ.update(
+        {
+            "RANK": str(node_rank * num_processes + local_rank),
+            "LOCAL_RANK": str(local_rank),
+            "NODE_RANK": str(node_rank),
+            "WORLD_SIZE": str(world_size),
+            "MASTER_ADDR": host,
+            "MASTER_PORT": port,
+            RENDEZVOUS_ENV: rendezvous,
+            RANK0_SERVES_ENV: "1" if rank0_serves else "0",
+        }
+    )

@@ -1,0 +1,145 @@
+"""`MultiProcessingLauncher`: spawn, fork or forkserver worker processes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import time
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from interlock.strategies.launchers.base import (
+    Launcher,
+    LaunchError,
+    RankFailedError,
+    WorkerEntry,
+    _Terminate,
+    die_with_parent,
+    exit_code_for_terminate,
+    set_worker_environment,
+    sigterm_as_exception,
+)
+from interlock.strategies.launchers.rendezvous import host_store, release_store
+
+START_METHODS = ("spawn", "fork", "forkserver")
+
+
+class MultiProcessingLauncher(Launcher):
+    """Starts one worker per local device with a multiprocessing start method.
+
+    The launching process does not train: it hosts the rendezvous store, watches the
+    workers, and returns rank 0's result. If any worker fails, the others are
+    terminated and :class:`RankFailedError` names the rank with its traceback.
+    """
+
+    def __init__(self, *, start_method: str, num_processes: int, node_rank: int = 0,
+                 num_nodes: int = 1, main_address: str = "127.0.0.1",
+                 main_port: int = 0) -> None:
+        if start_method not in START_METHODS:
+            raise LaunchError(
+                f"start method {start_method!r} is unknown; choose {', '.join(START_METHODS)}"
+            )
+        if start_method not in multiprocessing.get_all_start_methods():
+            raise LaunchError(f"this platform does not offer the {start_method!r} start method")
+        self.name = start_method
+        self.start_method = start_method
+        self.num_processes = num_processes
+        self.node_rank = node_rank
+        self.num_nodes = num_nodes
+        self.main_address = main_address
+        self.main_port = main_port
+
+    def launch(self, entry: WorkerEntry, *args: Any, **kwargs: Any) -> Any:
+        if self.start_method == "fork" and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            raise LaunchError(
+                "cannot fork worker processes: CUDA was already initialised in this process, "
+                "and a forked child cannot use it. Use strategy='ddp_spawn' (or "
+                "'ddp'), or avoid touching CUDA before launch()."
+            )
+        if self.num_nodes > 1:
+            # every node must agree on the address: a fixed port, global rank 0 serves it
+            if not self.main_port:
+                raise LaunchError(
+                    "a multi-node job started without a cluster launcher needs MASTER_ADDR "
+                    "and MASTER_PORT set identically on every node"
+                )
+            rendezvous, hosted = f"{self.main_address}:{self.main_port}", False
+        else:
+            rendezvous, hosted = host_store(self.main_address), True
+        ctx = mp.get_context(self.start_method)
+        results = ctx.SimpleQueue()
+        world_size = self.num_processes * self.num_nodes
+        process_context = None
+        try:
+            with sigterm_as_exception():
+                process_context = mp.start_processes(
+                    _worker,
+                    args=(entry, args, kwargs, results, self.node_rank, self.num_processes,
+                          world_size, rendezvous, not hosted,
+                          # a forkserver child's parent is the server, not this process
+                          None if self.start_method == "forkserver" else os.getpid()),
+                    nprocs=self.num_processes,
+                    join=False,
+                    start_method=self.start_method,
+                )
+                _join(process_context, self.node_rank * self.num_processes)
+        except _Terminate:
+            _stop(process_context)
+            raise SystemExit(exit_code_for_terminate()) from None
+        except BaseException:
+            _stop(process_context)
+            raise
+        finally:
+            if hosted:
+                release_store(rendezvous)
+        if results.empty():
+            raise RankFailedError(0, "rank 0 returned no result (it exited without one)")
+        return pickle.loads(results.get())
+
+
+def _join(context: Any, first_rank: int) -> None:
+    try:
+        while not context.join(timeout=0.05):
+            pass
+    except mp.ProcessRaisedException as exc:
+        raise RankFailedError(first_rank + int(exc.error_index), str(exc)) from None
+    except mp.ProcessExitedException as exc:
+        raise RankFailedError(first_rank + int(exc.error_index), str(exc)) from None
+
+
+def _stop(context: Any, grace: float = 5.0) -> None:
+    """Terminate every live worker, then kill what is still there after ``grace``."""
+    if context is None:
+        return
+    processes = list(context.processes)
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + grace
+    for p in processes:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def _worker(local_rank: int, entry: WorkerEntry, args: tuple[Any, ...],
+            kwargs: dict[str, Any], results: Any, node_rank: int, num_processes: int,
+            world_size: int, rendezvous: str, rank0_serves: bool,
+            parent_pid: int | None) -> None:
+    die_with_parent()
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(1)  # the parent died before prctl took effect
+    set_worker_environment(
+        local_rank=local_rank, node_rank=node_rank, num_processes=num_processes,
+        world_size=world_size,
+        rendezvous=rendezvous, rank0_serves=rank0_serves,
+    )
+    result = entry(*args, **kwargs)
+    if node_rank * num_processes + local_rank == 0:
+        # Plain pickle copies tensor data into the message; torch's queue reducers would
+        # share it through this process, which exits before the parent reads it.
+        results.put(pickle.dumps(result))

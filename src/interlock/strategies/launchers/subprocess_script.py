@@ -1,0 +1,231 @@
+"""`SubprocessScriptLauncher`: re-run the user's script once per extra local rank."""
+
+from __future__ import annotations
+
+import _thread
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from interlock.strategies.launchers.base import (
+    ERROR_FILE_ENV,
+    run_recording_errors,
+    RANK0_SERVES_ENV,
+    RENDEZVOUS_ENV,
+    Launcher,
+    LaunchError,
+    RankFailedError,
+    WorkerEntry,
+    _Terminate,
+    die_with_parent,
+    exit_code_for_terminate,
+    sigterm_as_exception,
+)
+from interlock.strategies.launchers.rendezvous import host_store, release_store
+
+
+def script_command() -> list[str]:
+    """The command that started this process, to run again for the other ranks."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name and spec.name != "__main__":
+        module = spec.name.removesuffix(".__main__")
+        return [sys.executable, "-m", module, *sys.argv[1:]]
+    path = getattr(main, "__file__", None)
+    if not path:
+        raise LaunchError(
+            "the script launcher starts the other ranks by re-running the main script, and "
+            "this process has none (an interactive session or python -c); use "
+            "strategy='ddp_notebook' or 'ddp_fork' there"
+        )
+    return [sys.executable, os.path.abspath(path), *sys.argv[1:]]
+
+
+def hydra_overrides(local_rank: int) -> list[str]:
+    """Keep a Hydra app's re-runs in the run directory Hydra made for rank 0."""
+    if "hydra" not in sys.modules:
+        return []
+    try:
+        from hydra.core.hydra_config import HydraConfig
+    except ImportError:
+        return []
+    if not HydraConfig.initialized():
+        return []
+    run_dir = HydraConfig.get().runtime.output_dir
+    return [f"hydra.run.dir={run_dir}", f"hydra.job.name=rank_{local_rank}",
+            "hydra.output_subdir=null"]
+
+
+@contextmanager
+def _variables(values: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+class SubprocessScriptLauncher(Launcher):
+    """Rank 0 is the calling process; ranks 1..N-1 are the script run again.
+
+    A child knows it is one by ``LOCAL_RANK`` in its environment and just runs the
+    entry. Children die with the parent (SIGKILL included), a failed child is named
+    with its traceback, and rank 0 waits for the children to exit before returning.
+    """
+
+    name = "subprocess"
+
+    def __init__(self, *, num_processes: int, node_rank: int = 0, num_nodes: int = 1,
+                 main_address: str = "127.0.0.1", main_port: int = 0) -> None:
+        self.num_processes = num_processes
+        self.node_rank = node_rank
+        self.num_nodes = num_nodes
+        self.main_address = main_address
+        self.main_port = main_port
+
+    def launch(self, entry: WorkerEntry, *args: Any, **kwargs: Any) -> Any:
+        if RENDEZVOUS_ENV in os.environ and "LOCAL_RANK" in os.environ:
+            return run_recording_errors(entry, args, kwargs)
+        world_size = self.num_processes * self.num_nodes
+        if self.num_nodes > 1:
+            # every node must agree on the address: a fixed port, rank 0 serves it
+            if not self.main_port:
+                raise LaunchError(
+                    "a multi-node job started without a cluster launcher needs MASTER_ADDR "
+                    "and MASTER_PORT set identically on every node"
+                )
+            rendezvous, hosted = f"{self.main_address}:{self.main_port}", False
+        else:
+            rendezvous, hosted = host_store(self.main_address), True
+        host, _, port = rendezvous.rpartition(":")
+        own = {"RANK": str(self.node_rank * self.num_processes), "LOCAL_RANK": "0",
+               "NODE_RANK": str(self.node_rank),
+               "WORLD_SIZE": str(world_size), "MASTER_ADDR": host, "MASTER_PORT": port,
+               RENDEZVOUS_ENV: rendezvous, RANK0_SERVES_ENV: "0" if hosted else "1"}
+        try:
+            with tempfile.TemporaryDirectory(prefix="interlock-ranks-") as errors, \
+                    _variables(own), sigterm_as_exception():
+                return self._run_rank_zero(entry, args, kwargs, Path(errors), own)
+        finally:
+            if hosted:
+                release_store(rendezvous)
+
+    def _run_rank_zero(self, entry: WorkerEntry, args: tuple[Any, ...],
+                       kwargs: dict[str, Any], errors: Path, own: dict[str, str]) -> Any:
+        children = self._start_children(errors, own)
+        watcher = _Watcher(children)
+        watcher.start()
+        try:
+            result = entry(*args, **kwargs)
+        except _Terminate:
+            _stop(children)
+            raise SystemExit(exit_code_for_terminate()) from None
+        except BaseException as exc:
+            watcher.stop()
+            failed = watcher.failure or _first_failure(children, wait=2.0)
+            _stop(children)
+            if failed is not None:
+                raise _child_error(failed, errors) from exc
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise RankFailedError(
+                self.node_rank * self.num_processes, "".join(traceback.format_exception(exc))
+            ) from exc
+        finally:
+            watcher.stop()
+        try:
+            _wait(children)
+        except BaseException:
+            _stop(children)
+            raise
+        failed = _first_failure(children, wait=0)
+        if failed is not None:
+            raise _child_error(failed, errors)
+        return result
+
+    def _start_children(self, errors: Path, own: dict[str, str]) -> dict[int, subprocess.Popen[bytes]]:
+        command = script_command()
+        children: dict[int, subprocess.Popen[bytes]] = {}
+        for local_rank in range(1, self.num_processes):
+            env = {**os.environ, **own, "LOCAL_RANK": str(local_rank),
+                   "RANK": str(self.node_rank * self.num_processes + local_rank),
+                   ERROR_FILE_ENV: str(errors / f"rank{local_rank}.txt")}
+            children[local_rank] = subprocess.Popen(
+                command + hydra_overrides(local_rank), env=env, preexec_fn=die_with_parent,
+            )
+        return children
+
+
+class _Watcher(threading.Thread):
+    """Interrupts rank 0 as soon as a child exits with an error."""
+
+    def __init__(self, children: dict[int, subprocess.Popen[bytes]]) -> None:
+        super().__init__(daemon=True, name="interlock-rank-watcher")
+        self.children = children
+        self.failure: tuple[int, int] | None = None
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(0.05):
+            failed = _first_failure(self.children, wait=0)
+            if failed is not None:
+                self.failure = failed
+                self._done.set()
+                _thread.interrupt_main()
+                return
+
+    def stop(self) -> None:
+        self._done.set()
+
+
+def _first_failure(children: dict[int, subprocess.Popen[bytes]],
+                   wait: float) -> tuple[int, int] | None:
+    import time
+
+    deadline = time.monotonic() + wait
+    while True:
+        for rank, child in sorted(children.items()):
+            code = child.poll()
+            if code not in (None, 0):
+                return rank, int(code)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
+
+
+def _child_error(failed: tuple[int, int], errors: Path) -> RankFailedError:
+    rank, code = failed
+    report = errors / f"rank{rank}.txt"
+    detail = report.read_text(encoding="utf-8") if report.exists() else (
+        f"exited with code {code} (no traceback was recorded; a signal or os._exit?)"
+    )
+    return RankFailedError(rank, detail)
+
+
+def _wait(children: dict[int, subprocess.Popen[bytes]]) -> None:
+    for child in children.values():
+        child.wait()
+
+
+def _stop(children: dict[int, subprocess.Popen[bytes]], grace: float = 5.0) -> None:
+    for child in children.values():
+        if child.poll() is None:
+            child.terminate()
+    for child in children.values():
+        try:
+            child.wait(grace)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()

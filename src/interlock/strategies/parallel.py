@@ -1,0 +1,127 @@
+"""`ParallelStrategy`: one process per device over a torch.distributed group."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Sequence
+
+import torch
+
+from interlock.strategies.accelerators import Accelerator
+from interlock.strategies.base import Strategy
+from interlock.strategies.collectives import Collective, TorchCollective
+from interlock.strategies.environments import ClusterEnvironment, LocalEnvironment
+from interlock.strategies.io import CheckpointIO
+from interlock.strategies.launchers.base import RANK0_SERVES_ENV, RENDEZVOUS_ENV
+from interlock.strategies.launchers.rendezvous import connect_store
+from interlock.strategies.precision import Precision
+
+#: Process-group timeout unless the strategy is given one: long enough for slow
+#: checkpoints, finite so that a rank that never arrives becomes an error, not a hang.
+DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
+
+
+class ParallelStrategy(Strategy):
+    """The rank bookkeeping and process-group setup every multi-process strategy shares."""
+
+    def __init__(
+        self,
+        *,
+        accelerator: Accelerator,
+        parallel_devices: Sequence[torch.device],
+        num_nodes: int = 1,
+        precision: Precision | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        backend: str | None = None,
+        timeout: datetime.timedelta = DEFAULT_TIMEOUT,
+    ) -> None:
+        super().__init__(accelerator=accelerator, precision=precision,
+                         checkpoint_io=checkpoint_io)
+        if not parallel_devices:
+            raise ValueError("a parallel strategy needs at least one device")
+        self.parallel_devices = [torch.device(d) for d in parallel_devices]
+        self.num_nodes = num_nodes
+        self._cluster = cluster_environment if cluster_environment is not None else (
+            LocalEnvironment()
+        )
+        self._backend = backend
+        self.timeout = timeout
+        self._collective = TorchCollective()
+        self._exported: dict[str, str | None] | None = None
+
+    @property
+    def cluster_environment(self) -> ClusterEnvironment:
+        return self._cluster
+
+    @property
+    def collective(self) -> Collective:
+        return self._collective
+
+    @property
+    def backend(self) -> str:
+        """gloo for cpu, nccl for cuda, unless given."""
+        if self._backend is not None:
+            return self._backend
+        return "nccl" if self.parallel_devices[0].type == "cuda" else "gloo"
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.parallel_devices)
+
+    @property
+    def global_rank(self) -> int:
+        return self._cluster.global_rank()
+
+    @property
+    def local_rank(self) -> int:
+        return self._cluster.local_rank()
+
+    @property
+    def node_rank(self) -> int:
+        return self._cluster.node_rank()
+
+    @property
+    def world_size(self) -> int:
+        return self.num_processes * self.num_nodes
+
+    @property
+    def root_device(self) -> torch.device:
+        return self.parallel_devices[self.local_rank]
+
+    def setup_environment(self) -> None:
+        if self._collective.is_initialized:
+            return
+        self._cluster.validate_settings(self.num_processes, self.num_nodes)
+        self.accelerator.setup_device(self.root_device)
+        rendezvous = os.environ.get(RENDEZVOUS_ENV)
+        if rendezvous:
+            serve = self.global_rank == 0 and os.environ.get(RANK0_SERVES_ENV) == "1"
+            store = connect_store(rendezvous, self.timeout, serve=serve)
+            self._collective.setup(backend=self.backend, rank=self.global_rank,
+                                   world_size=self.world_size, store=store,
+                                   timeout=self.timeout)
+            return
+        # Processes made by a cluster launcher: torch's env:// rendezvous.
+        self._export({"MASTER_ADDR": self._cluster.main_address,
+                      "MASTER_PORT": str(self._cluster.main_port)})
+        self._collective.setup(backend=self.backend, rank=self.global_rank,
+                               world_size=self.world_size, timeout=self.timeout)
+
+    def _export(self, values: dict[str, str]) -> None:
+        """Set variables for torch, remembering what to restore at teardown."""
+        self._exported = {k: os.environ.get(k) for k in values}
+        os.environ.update(values)
+
+    def teardown(self) -> None:
+        self._collective.teardown()
+        if self._exported is not None:
+            for key, old in self._exported.items():
+                if old is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = old
+            self._exported = None
+        self._cluster.teardown()
+        super().teardown()

@@ -1,0 +1,35 @@
+"""`HalfPrecision`: ``16-true`` and ``bf16-true``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+import torch
+
+from interlock.strategies.precision.true import TruePrecision
+
+#: the precisions this plugin implements and the dtype each one uses
+HALF_DTYPES: Mapping[str, torch.dtype] = MappingProxyType(
+    {"16-true": torch.float16, "bf16-true": torch.bfloat16}
+)
+
+
+class HalfPrecision(TruePrecision):
+    """Half precision parameters, inputs and compute, with no gradient scaler.
+
+    Args:
+        precision: ``"16-true"`` (float16) or ``"bf16-true"`` (bfloat16).
+
+    Raises:
+        ValueError: for any other precision name.
+    """
+
+    def __init__(self, precision: str) -> None:
+        if precision not in HALF_DTYPES:
+            raise ValueError(
+                f"HalfPrecision(precision={precision!r}): expected one of "
+                f"{', '.join(map(repr, HALF_DTYPES))}"
+            )
+        self.precision = precision
+        self.dtype = HALF_DTYPES[precision]

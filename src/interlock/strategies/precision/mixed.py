@@ -1,0 +1,120 @@
+"""`MixedPrecision`: ``16-mixed`` and ``bf16-mixed`` through ``torch.autocast``."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from interlock.strategies.precision.base import Precision
+from interlock.strategies.precision.utils import cast_floating
+
+#: the precisions this plugin implements and the autocast dtype each one uses
+MIXED_DTYPES: Mapping[str, torch.dtype] = MappingProxyType(
+    {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
+)
+#: device types autocast and the gradient scaler are used with here
+MIXED_DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda", "mps")
+
+
+class MixedPrecision(Precision):
+    """Float32 parameters with the forward pass under ``torch.autocast``.
+
+    ``16-mixed`` scales the loss with a :class:`torch.amp.GradScaler` on every device
+    type, the CPU included (float16 autocast and the scaler both run there); it is
+    never swapped for bfloat16. ``bf16-mixed`` needs no scaler.
+
+    Args:
+        precision: ``"16-mixed"`` or ``"bf16-mixed"``.
+        device_type: the torch device type the model runs on.
+        scaler: a scaler to use for ``16-mixed``; a fresh one when None.
+
+    Raises:
+        ValueError: for an unknown precision or device type, or a scaler passed
+            with ``bf16-mixed``.
+    """
+
+    def __init__(self, precision: str, device_type: str,
+                 scaler: torch.amp.GradScaler | None = None) -> None:
+        if precision not in MIXED_DTYPES:
+            raise ValueError(
+                f"MixedPrecision(precision={precision!r}): expected one of "
+                f"{', '.join(map(repr, MIXED_DTYPES))}"
+            )
+        if device_type not in MIXED_DEVICE_TYPES:
+            raise ValueError(
+                f"MixedPrecision(device_type={device_type!r}): expected one of "
+                f"{', '.join(map(repr, MIXED_DEVICE_TYPES))}"
+            )
+        if precision == "bf16-mixed" and scaler is not None:
+            raise ValueError(
+                "MixedPrecision(precision='bf16-mixed') takes no scaler: bfloat16 has "
+                "float32's exponent range, so there is nothing to scale"
+            )
+        self.precision = precision
+        self.device_type = device_type
+        self.dtype = MIXED_DTYPES[precision]
+        self.scaler: torch.amp.GradScaler | None = scaler
+        if precision == "16-mixed" and scaler is None:
+            self.scaler = torch.amp.GradScaler(device_type)
+        # optimizers whose gradients were unscaled since the scaler's last update
+        self._unscaled: set[int] = set()
+
+    def convert_output(self, data: Any) -> Any:
+        """Cast floating tensors in the output to the caller's default dtype (float32)."""
+        return cast_floating(data, torch.get_default_dtype())
+
+    @contextlib.contextmanager
+    def forward_context(self) -> Iterator[None]:
+        """Run the block under autocast to :attr:`dtype` on :attr:`device_type`."""
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            yield
+
+    def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any,
+                 **kwargs: Any) -> None:
+        """Backpropagate the loss, scaled first when there is a scaler."""
+        if self.scaler is not None:
+            tensor = self.scaler.scale(tensor)
+        super().backward(tensor, module, *args, **kwargs)
+
+    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+        """Step through the scaler, then update its scale.
+
+        The scaler skips the step when a gradient is inf or NaN and lowers the
+        scale; the step's return value (None when skipped) is passed through.
+        """
+        if self.scaler is None:
+            return optimizer.step(**kwargs)
+        result = self.scaler.step(optimizer, **kwargs)
+        self.scaler.update()
+        self._unscaled.clear()
+        return result
+
+    def unscale_gradients(self, optimizer: Optimizer) -> None:
+        """Unscale ``optimizer``'s gradients in place (before clipping).
+
+        Calling it again before the next :meth:`optimizer_step` does nothing, so
+        gradients are never unscaled twice; the step then skips its own unscale.
+        """
+        if self.scaler is None or id(optimizer) in self._unscaled:
+            return
+        self.scaler.unscale_(optimizer)
+        self._unscaled.add(id(optimizer))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The scaler's state under ``"scaler"``; empty without a scaler."""
+        return {} if self.scaler is None else {"scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the scaler's state, if both the plugin and ``state_dict`` have one.
+
+        A checkpoint from another precision (no ``"scaler"`` key) leaves the scaler
+        as it is; a scaler state loaded into ``bf16-mixed`` has nothing to go to.
+        """
+        if self.scaler is not None and "scaler" in state_dict:
+            self.scaler.load_state_dict(state_dict["scaler"])
