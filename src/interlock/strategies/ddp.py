@@ -16,6 +16,7 @@ from interlock.strategies.environments import ClusterEnvironment
 from interlock.strategies.io import CheckpointIO
 from interlock.strategies.launchers import (
     ExternalLauncher,
+    Launcher,
     MultiProcessingLauncher,
     SubprocessScriptLauncher,
 )
@@ -84,21 +85,26 @@ class DDPStrategy(ParallelStrategy):
 
     @classmethod
     def from_plan(cls, plan: Plan) -> DDPStrategy:
+        options: dict[str, Any] = dict(plan.spec.options)
         return cls(parallel_devices=[torch.device(d) for d in plan.parallel_devices],
-                   num_nodes=plan.num_nodes, **parts_from_plan(plan), **plan.spec.options)
+                   num_nodes=plan.num_nodes, **parts_from_plan(plan), **options)
 
     @property
     def name(self) -> str:
         """The registry name of this launch style."""
         return DDP_NAMES[self.start_method]
 
-    def _make_launcher(self) -> ExternalLauncher | SubprocessScriptLauncher | MultiProcessingLauncher:
+    def _make_launcher(self) -> Launcher:
         cluster = self.cluster_environment
         if cluster.creates_processes_externally:
             return ExternalLauncher()
-        where = {"num_processes": self.num_processes, "node_rank": cluster.node_rank(),
-                 "num_nodes": self.num_nodes, "main_address": cluster.main_address,
-                 "main_port": cluster.main_port}
+        where: dict[str, Any] = {
+            "num_processes": self.num_processes,
+            "node_rank": cluster.node_rank(),
+            "num_nodes": self.num_nodes,
+            "main_address": cluster.main_address,
+            "main_port": cluster.main_port,
+        }
         if self.start_method == "popen":
             return SubprocessScriptLauncher(**where)
         return MultiProcessingLauncher(start_method=self.start_method, **where)

@@ -18,7 +18,9 @@ class StrategyModule(nn.Module):
     module, so checkpoints look the same whatever the strategy wrapped it in.
     """
 
-    def __init__(self, forward_module: nn.Module, original: nn.Module, precision: Precision) -> None:
+    def __init__(
+        self, forward_module: nn.Module, original: nn.Module, precision: Precision
+    ) -> None:
         super().__init__()
         self._forward_module = forward_module
         self._original = original

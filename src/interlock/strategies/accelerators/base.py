@@ -47,5 +47,5 @@ class Accelerator(ABC):
         if device.type != self.name:
             raise ValueError(f"{type(self).__name__} cannot set up a {device.type} device")
 
-    def teardown(self) -> None:
+    def teardown(self) -> None:  # noqa: B027 - optional hook
         """Release per-process device state."""

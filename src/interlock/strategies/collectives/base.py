@@ -96,5 +96,5 @@ class Collective(ABC):
     def scatter_object(self, objs: list[Any] | None, src: int = 0) -> Any:
         """Element ``r`` of rank ``src``'s list, on rank ``r``."""
 
-    def teardown(self) -> None:
+    def teardown(self) -> None:  # noqa: B027 - optional hook
         """Destroy what this collective created."""

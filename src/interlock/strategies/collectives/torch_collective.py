@@ -103,7 +103,9 @@ class TorchCollective(Collective):
 
     def gather(self, tensor: torch.Tensor, dst: int = 0) -> torch.Tensor | None:
         src = tensor.detach().contiguous()
-        parts = [torch.empty_like(src) for _ in range(self.world_size)] if self.rank == dst else None
+        parts = None
+        if self.rank == dst:
+            parts = [torch.empty_like(src) for _ in range(self.world_size)]
         dist.gather(src, parts, dst=dst)
         return torch.stack(parts) if parts is not None else None
 
@@ -148,7 +150,9 @@ class TorchCollective(Collective):
 
     def scatter_object(self, objs: list[Any] | None, src: int = 0) -> Any:
         if self.rank == src and (objs is None or len(objs) != self.world_size):
-            raise ValueError(f"scatter_object needs a list of {self.world_size} objects on rank {src}")
+            raise ValueError(
+                f"scatter_object needs a list of {self.world_size} objects on rank {src}"
+            )
         box: list[Any] = [None]
         dist.scatter_object_list(box, objs if self.rank == src else None, src=src)
         return box[0]

@@ -75,7 +75,7 @@ class MultiProcessingLauncher(Launcher):
         process_context = None
         try:
             with sigterm_as_exception():
-                process_context = mp.start_processes(
+                process_context = mp.start_processes(  # type: ignore[no-untyped-call]
                     _worker,
                     args=(entry, args, kwargs, results, self.node_rank, self.num_processes,
                           world_size, rendezvous, not hosted,

@@ -16,7 +16,6 @@ from typing import Any
 
 from interlock.strategies.launchers.base import (
     ERROR_FILE_ENV,
-    run_recording_errors,
     RANK0_SERVES_ENV,
     RENDEZVOUS_ENV,
     Launcher,
@@ -26,6 +25,7 @@ from interlock.strategies.launchers.base import (
     _Terminate,
     die_with_parent,
     exit_code_for_terminate,
+    run_recording_errors,
     sigterm_as_exception,
 )
 from interlock.strategies.launchers.rendezvous import host_store, release_store
@@ -155,7 +155,9 @@ class SubprocessScriptLauncher(Launcher):
             raise _child_error(failed, errors)
         return result
 
-    def _start_children(self, errors: Path, own: dict[str, str]) -> dict[int, subprocess.Popen[bytes]]:
+    def _start_children(
+        self, errors: Path, own: dict[str, str]
+    ) -> dict[int, subprocess.Popen[bytes]]:
         command = script_command()
         children: dict[int, subprocess.Popen[bytes]] = {}
         for local_rank in range(1, self.num_processes):
