@@ -23,6 +23,7 @@ from interlock.strategies.environments import ClusterEnvironment
 from interlock.strategies.init_context import empty_init_context
 from interlock.strategies.io import CheckpointIO, TorchCheckpointIO
 from interlock.strategies.launchers import Launcher
+from interlock.strategies.launchers.base import mark_failure_time
 from interlock.strategies.module_wrapper import StrategyModule, move_to_device, unwrap
 from interlock.strategies.precision import Precision
 
@@ -278,5 +279,9 @@ def _run_worker(strategy: Strategy, fn: Callable[..., T], args: tuple[Any, ...],
     strategy.setup_environment()
     try:
         return fn(strategy, *args, **kwargs)
+    except BaseException as exc:
+        # when it failed, before teardown closes connections and makes peers fail too
+        mark_failure_time(exc)
+        raise
     finally:
         strategy.teardown()

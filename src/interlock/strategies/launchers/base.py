@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import sys
+import time
 import traceback
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from interlock.connector.tables import LAUNCHER_ROWS
 
@@ -63,16 +68,66 @@ class Launcher(ABC):
 
 def run_recording_errors(entry: WorkerEntry, args: tuple[Any, ...],
                          kwargs: dict[str, Any]) -> Any:
-    """Run ``entry``; on failure write the traceback where the launcher that started
-    this process (``INTERLOCK_ERROR_FILE``) will read it, then re-raise."""
+    """Run ``entry``; on failure write when and what failed where the launcher that
+    started this process (``INTERLOCK_ERROR_FILE``) will read it, then re-raise."""
     try:
         return entry(*args, **kwargs)
     except BaseException as exc:
         path = os.environ.get(ERROR_FILE_ENV)
         if path:
-            with open(path, "w", encoding="utf-8") as report:
-                report.write("".join(traceback.format_exception(exc)))
+            record_failure(path, exc)
         raise
+
+
+def mark_failure_time(exc: BaseException) -> None:
+    """Remember when ``exc`` was first seen (kept if already set)."""
+    if not hasattr(exc, "_interlock_failed_at"):
+        exc._interlock_failed_at = time.time()  # type: ignore[attr-defined]
+
+
+def record_failure(path: str | os.PathLike[str], exc: BaseException) -> None:
+    """Write the failure's time and traceback (the earliest failure is the cause)."""
+    mark_failure_time(exc)
+    report = {"time": exc._interlock_failed_at,  # type: ignore[attr-defined]
+              "traceback": "".join(traceback.format_exception(exc))}
+    with open(path, "w", encoding="utf-8") as out:
+        json.dump(report, out)
+
+
+def read_failures(directory: str | os.PathLike[str]) -> dict[int, tuple[float, str]]:
+    """The failures recorded as ``rank<N>.json`` in ``directory``."""
+    found: dict[int, tuple[float, str]] = {}
+    for path in Path(directory).glob("rank*.json"):
+        try:
+            report = json.loads(path.read_text(encoding="utf-8"))
+            found[int(path.stem[4:])] = (float(report["time"]), str(report["traceback"]))
+        except (ValueError, KeyError, OSError):
+            continue  # a report cut short by a kill: the exit code still tells
+    return found
+
+
+def root_cause(failures: dict[int, tuple[float, str]]) -> RankFailedError:
+    """The failure that happened first; the others are usually its consequences (a
+    peer's collective fails with "connection closed" once the first rank is gone)."""
+    rank = min(failures, key=lambda r: (failures[r][0], r))
+    detail = failures[rank][1]
+    others = sorted(r for r in failures if r != rank)
+    if others:
+        detail += (f"\n(rank{'s' if len(others) > 1 else ''} "
+                   f"{', '.join(map(str, others))} failed after it)")
+    return RankFailedError(rank, detail)
+
+
+def limit_worker_threads(start_method: str | None) -> None:
+    """One intra-op thread per worker unless OMP_NUM_THREADS says otherwise.
+
+    Several processes per node each running a full thread pool oversubscribe the CPU
+    (torchrun applies the same default). For forked workers it is also a matter of
+    correctness: GNU OpenMP cannot be used again in a child once the parent has used
+    it, and a multi-threaded CPU kernel in such a child hangs for ever.
+    """
+    if start_method == "fork" or "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
 
 
 def die_with_parent() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import tempfile
 import time
 from typing import Any
 
@@ -12,6 +13,7 @@ import torch
 import torch.multiprocessing as mp
 
 from interlock.strategies.launchers.base import (
+    ERROR_FILE_ENV,
     Launcher,
     LaunchError,
     RankFailedError,
@@ -19,6 +21,10 @@ from interlock.strategies.launchers.base import (
     _Terminate,
     die_with_parent,
     exit_code_for_terminate,
+    limit_worker_threads,
+    read_failures,
+    root_cause,
+    run_recording_errors,
     set_worker_environment,
     sigterm_as_exception,
 )
@@ -73,19 +79,21 @@ class MultiProcessingLauncher(Launcher):
         results = ctx.SimpleQueue()
         world_size = self.num_processes * self.num_nodes
         process_context = None
+        errors = tempfile.TemporaryDirectory(prefix="interlock-ranks-")
         try:
             with sigterm_as_exception():
                 process_context = mp.start_processes(  # type: ignore[no-untyped-call]
                     _worker,
                     args=(entry, args, kwargs, results, self.node_rank, self.num_processes,
-                          world_size, rendezvous, not hosted,
+                          world_size, rendezvous, not hosted, self.start_method,
+                          errors.name,
                           # a forkserver child's parent is the server, not this process
                           None if self.start_method == "forkserver" else os.getpid()),
                     nprocs=self.num_processes,
                     join=False,
                     start_method=self.start_method,
                 )
-                _join(process_context, self.node_rank * self.num_processes)
+                _join(process_context, self.node_rank * self.num_processes, errors.name)
         except _Terminate:
             _stop(process_context)
             raise SystemExit(exit_code_for_terminate()) from None
@@ -93,6 +101,7 @@ class MultiProcessingLauncher(Launcher):
             _stop(process_context)
             raise
         finally:
+            errors.cleanup()
             if hosted:
                 release_store(rendezvous)
         if results.empty():
@@ -100,13 +109,19 @@ class MultiProcessingLauncher(Launcher):
         return pickle.loads(results.get())
 
 
-def _join(context: Any, first_rank: int) -> None:
+def _join(context: Any, first_rank: int, errors: str, grace: float = 2.0) -> None:
     try:
         while not context.join(timeout=0.05):
             pass
-    except mp.ProcessRaisedException as exc:
-        raise RankFailedError(first_rank + int(exc.error_index), str(exc)) from None
-    except mp.ProcessExitedException as exc:
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+        # torch reports the first process it noticed, not the first that failed: give
+        # the others a moment to record theirs, then name the earliest.
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(p.is_alive() for p in context.processes):
+            time.sleep(0.05)
+        failures = read_failures(errors)
+        if failures:
+            raise root_cause(failures) from None
         raise RankFailedError(first_rank + int(exc.error_index), str(exc)) from None
 
 
@@ -128,18 +143,21 @@ def _stop(context: Any, grace: float = 5.0) -> None:
 
 def _worker(local_rank: int, entry: WorkerEntry, args: tuple[Any, ...],
             kwargs: dict[str, Any], results: Any, node_rank: int, num_processes: int,
-            world_size: int, rendezvous: str, rank0_serves: bool,
-            parent_pid: int | None) -> None:
+            world_size: int, rendezvous: str, rank0_serves: bool, start_method: str,
+            errors: str, parent_pid: int | None) -> None:
     die_with_parent()
     if parent_pid is not None and os.getppid() != parent_pid:
         os._exit(1)  # the parent died before prctl took effect
+    limit_worker_threads(start_method)
+    rank = node_rank * num_processes + local_rank
+    os.environ[ERROR_FILE_ENV] = os.path.join(errors, f"rank{rank}.json")
     set_worker_environment(
         local_rank=local_rank, node_rank=node_rank, num_processes=num_processes,
         world_size=world_size,
         rendezvous=rendezvous, rank0_serves=rank0_serves,
     )
-    result = entry(*args, **kwargs)
-    if node_rank * num_processes + local_rank == 0:
+    result = run_recording_errors(entry, args, kwargs)
+    if rank == 0:
         # Plain pickle copies tensor data into the message; torch's queue reducers would
         # share it through this process, which exits before the parent reads it.
         results.put(pickle.dumps(result))

@@ -8,11 +8,12 @@ import subprocess
 import sys
 import tempfile
 import threading
-import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from interlock.strategies.launchers.base import (
     ERROR_FILE_ENV,
@@ -25,6 +26,9 @@ from interlock.strategies.launchers.base import (
     _Terminate,
     die_with_parent,
     exit_code_for_terminate,
+    read_failures,
+    record_failure,
+    root_cause,
     run_recording_errors,
     sigterm_as_exception,
 )
@@ -114,11 +118,17 @@ class SubprocessScriptLauncher(Launcher):
                "NODE_RANK": str(self.node_rank),
                "WORLD_SIZE": str(world_size), "MASTER_ADDR": host, "MASTER_PORT": port,
                RENDEZVOUS_ENV: rendezvous, RANK0_SERVES_ENV: "0" if hosted else "1"}
+        threads = torch.get_num_threads()
+        if self.num_processes > 1 and "OMP_NUM_THREADS" not in os.environ:
+            # one intra-op thread per process, as torchrun does (no oversubscription)
+            own["OMP_NUM_THREADS"] = "1"
+            torch.set_num_threads(1)
         try:
             with tempfile.TemporaryDirectory(prefix="interlock-ranks-") as errors, \
                     _variables(own), sigterm_as_exception():
                 return self._run_rank_zero(entry, args, kwargs, Path(errors), own)
         finally:
+            torch.set_num_threads(threads)
             if hosted:
                 release_store(rendezvous)
 
@@ -134,15 +144,14 @@ class SubprocessScriptLauncher(Launcher):
             raise SystemExit(exit_code_for_terminate()) from None
         except BaseException as exc:
             watcher.stop()
+            own_rank = self.node_rank * self.num_processes
+            if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                record_failure(errors / f"rank{own_rank}.json", exc)
             failed = watcher.failure or _first_failure(children, wait=2.0)
             _stop(children)
-            if failed is not None:
-                raise _child_error(failed, errors) from exc
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                raise
-            raise RankFailedError(
-                self.node_rank * self.num_processes, "".join(traceback.format_exception(exc))
-            ) from exc
+            if failed is not None or not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise _failure(failed, errors, self.node_rank * self.num_processes) from exc
+            raise
         finally:
             watcher.stop()
         try:
@@ -152,7 +161,7 @@ class SubprocessScriptLauncher(Launcher):
             raise
         failed = _first_failure(children, wait=0)
         if failed is not None:
-            raise _child_error(failed, errors)
+            raise _failure(failed, errors, self.node_rank * self.num_processes)
         return result
 
     def _start_children(
@@ -161,9 +170,10 @@ class SubprocessScriptLauncher(Launcher):
         command = script_command()
         children: dict[int, subprocess.Popen[bytes]] = {}
         for local_rank in range(1, self.num_processes):
+            rank = self.node_rank * self.num_processes + local_rank
             env = {**os.environ, **own, "LOCAL_RANK": str(local_rank),
-                   "RANK": str(self.node_rank * self.num_processes + local_rank),
-                   ERROR_FILE_ENV: str(errors / f"rank{local_rank}.txt")}
+                   "RANK": str(rank),
+                   ERROR_FILE_ENV: str(errors / f"rank{rank}.json")}
             children[local_rank] = subprocess.Popen(
                 command + hydra_overrides(local_rank), env=env, preexec_fn=die_with_parent,
             )
@@ -207,13 +217,18 @@ def _first_failure(children: dict[int, subprocess.Popen[bytes]],
         time.sleep(0.05)
 
 
-def _child_error(failed: tuple[int, int], errors: Path) -> RankFailedError:
-    rank, code = failed
-    report = errors / f"rank{rank}.txt"
-    detail = report.read_text(encoding="utf-8") if report.exists() else (
-        f"exited with code {code} (no traceback was recorded; a signal or os._exit?)"
-    )
-    return RankFailedError(rank, detail)
+def _failure(failed: tuple[int, int] | None, errors: Path, first_rank: int) -> RankFailedError:
+    """The earliest recorded failure, or the child's exit code when it recorded none."""
+    failures = read_failures(errors)
+    if failed is not None:
+        local_rank, code = failed
+        rank = first_rank + local_rank
+        if rank not in failures:
+            return RankFailedError(
+                rank, f"exited with code {code} without a traceback (killed by a signal, "
+                "or os._exit?)"
+            )
+    return root_cause(failures)
 
 
 def _wait(children: dict[int, subprocess.Popen[bytes]]) -> None:

@@ -1,0 +1,249 @@
+"""DDP over real gloo processes: parity with one process, collectives, checkpoints, failures.
+
+Each test launches real ranks (fork, spawn or forkserver) from this process; the script
+launcher is exercised through examples/train.py in test_train_script.py.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import workloads
+
+import interlock
+from interlock.strategies.ddp import DDPStrategy
+from interlock.strategies.launchers import RankFailedError
+
+LAUNCH_STYLES = ["ddp_fork", "ddp_spawn", "ddp_forkserver"]
+
+
+def ddp(name: str = "ddp_fork", devices: int = 2, precision: str = "32-true",
+        timeout: float | None = None) -> DDPStrategy:
+    strategy = interlock.resolve(accelerator="cpu", devices=devices, strategy=name,
+                                 precision=precision, machine=interlock.Machine())
+    assert isinstance(strategy, DDPStrategy)
+    if timeout is not None:
+        strategy.timeout = datetime.timedelta(seconds=timeout)
+    return strategy
+
+
+def close(actual: Any, expected: Any, what: str, rtol: float | None = None,
+          atol: float | None = None) -> None:
+    """assert_close whose message says what was compared."""
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol,
+                               msg=lambda m: f"{what}: {m}")
+
+
+def assert_no_survivors(pid_dir: Path) -> None:
+    pids = [int(p.read_text()) for p in pid_dir.glob("*.pid")]
+    assert pids, "the ranks recorded no pids"
+    alive = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        alive.append(pid)
+    assert not alive, f"rank processes still alive after launch returned: {alive}"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", LAUNCH_STYLES)
+def test_two_ranks_match_one_process_on_the_full_batch(name: str) -> None:
+    result = ddp(name).launch(workloads.train, 4)
+    expected = workloads.baseline(4)
+    for key, value in expected.items():
+        close(result[key], value, f"{name} {key}")
+
+
+@pytest.mark.timeout(60)
+def test_no_backward_sync_accumulation_equals_the_large_batch() -> None:
+    result = ddp().launch(workloads.train, 3, 2)
+    expected = workloads.baseline(3, accumulate=2)
+    for key, value in expected.items():
+        close(result[key], value, f"{key}")
+
+
+@pytest.mark.timeout(60)
+def test_no_backward_sync_really_skips_the_all_reduce() -> None:
+    """Without the final synchronised backward, ranks keep different gradients."""
+
+    result = ddp().launch(_grads_without_sync)
+    rank0, rank1 = result["ranks"]
+    assert not torch.equal(rank0, rank1), "gradients were synchronised inside no_backward_sync"
+
+
+def _grads_without_sync(strategy: Any) -> dict[str, Any]:
+    net = strategy.setup_module(workloads.model())
+    x, y = workloads.batch(0)
+    x = x.chunk(2)[strategy.global_rank]
+    y = y.chunk(2)[strategy.global_rank]
+    with strategy.no_backward_sync(net):
+        strategy.backward(torch.nn.functional.mse_loss(net(x), y), net)
+    grad = next(net.parameters()).grad.clone()
+    return {"ranks": strategy.all_gather(grad)}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("precision", ["bf16-mixed", "64-true"])
+def test_parity_under_other_precisions(precision: str) -> None:
+    two = ddp(precision=precision).launch(workloads.train, 3)
+    one = interlock.resolve(accelerator="cpu", devices=1, strategy="single_device",
+                            precision=precision, machine=interlock.Machine())
+    single = one.launch(workloads.train, 3)
+    for key, value in single.items():
+        close(two[key], value, f"{precision} {key}", rtol=2e-2, atol=2e-3)
+
+
+@pytest.mark.timeout(60)
+def test_ranks_devices_and_world_are_consistent() -> None:
+    ranks = ddp("ddp_spawn").launch(workloads.places)["ranks"]
+    assert [r["global_rank"] for r in ranks] == [0, 1]
+    assert [r["local_rank"] for r in ranks] == [0, 1]
+    assert {r["node_rank"] for r in ranks} == {0}
+    assert {r["world_size"] for r in ranks} == {2}
+    assert [r["is_global_zero"] for r in ranks] == [True, False]
+    assert {r["device"] for r in ranks} == {"cpu"}
+    assert len({r["pid"] for r in ranks}) == 2 and os.getpid() not in {r["pid"] for r in ranks}
+
+
+@pytest.mark.timeout(90)
+def test_collectives_match_a_single_process_reference() -> None:
+    views = ddp().launch(workloads.collectives)["ranks"]
+    w = 2
+    f = [torch.arange(6, dtype=torch.float32).reshape(2, 3) + 10 * r for r in range(w)]
+    i = [torch.arange(4, dtype=torch.int64) * (r + 1) for r in range(w)]
+    s = [torch.tensor(float(r + 1)) for r in range(w)]
+    stacked = [torch.stack([torch.full((2,), float(10 * r + j)) for j in range(w)])
+               for r in range(w)]
+    reducers: dict[str, Callable[[list[torch.Tensor]], torch.Tensor]] = {"sum": lambda t: torch.stack(t).sum(0), "max": lambda t: torch.stack(t).amax(0),
+                "min": lambda t: torch.stack(t).amin(0),
+                "mean": lambda t: torch.stack(t).to(torch.float32).mean(0)}
+    for rank, out in enumerate(views):
+        for op, reduce in reducers.items():
+            for kind, inputs in (("float", f), ("int", i), ("scalar", s),
+                                 ("noncontig", [t.t() for t in f])):
+                close(out[f"all_reduce_{op}_{kind}"], reduce(inputs),
+                      f"rank {rank} all_reduce {op} {kind}")
+        assert out["input_untouched"], f"rank {rank}: all_reduce modified its input"
+        close(out["all_gather"], torch.stack(f), f"rank {rank} all_gather")
+        close(out["all_gather_scalar"], torch.stack(s), f"rank {rank} all_gather_scalar")
+        close(out["all_gather_noncontig"], torch.stack([t.t() for t in f]),
+              f"rank {rank} all_gather_noncontig")
+        close(out["broadcast"], f[1], f"rank {rank} broadcast")
+        close(out["reduce"], f[0] + f[1] if rank == 0 else f[rank], f"rank {rank} reduce")
+        if rank == 0:
+            close(out["gather"], torch.stack(f), f"rank {rank} gather")
+        else:
+            assert out["gather"] is None
+        close(out["scatter"], stacked[1][rank], f"rank {rank} scatter")
+        close(out["reduce_scatter"], (stacked[0] + stacked[1])[rank],
+              f"rank {rank} reduce_scatter")
+        close(out["all_to_all"], torch.stack([stacked[j][rank] for j in range(w)]),
+              f"rank {rank} all_to_all")
+        assert out["all_gather_object"] == [{"rank": 0}, {"rank": 1}]
+        assert out["broadcast_object"] == {"from": 1}
+        assert out["gather_object"] == ([0, 2] if rank == 0 else None)
+        assert out["scatter_object"] == f"to{rank}"
+        close(out["strategy_all_reduce_mean"], (f[0] + f[1]) / 2,
+              f"rank {rank} strategy.all_reduce mean")
+        assert out["strategy_broadcast_object"] == {"r": 1}
+        assert (out["all_true"], out["all_mixed"], out["any_mixed"], out["any_false"]) == (
+            True, False, True, False), f"rank {rank}: reduce_boolean_decision is wrong"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("precision", ["32-true", "16-mixed"])
+def test_checkpoint_round_trip_restores_model_optimizer_and_scaler(
+    tmp_path: Path, precision: str
+) -> None:
+    path = tmp_path / "ckpt" / "last.pt"
+    out = ddp(precision=precision).launch(workloads.checkpoint_round_trip, str(path), 3)
+    assert out["params_equal"], "model parameters differ after loading"
+    assert out["optimizer_equal"], "optimizer state differs after loading"
+    assert out["precision_state_after"] == out["precision_state"]
+    if precision == "16-mixed":
+        assert out["precision_state"]["scaler"]["scale"] > 0, out["precision_state"]
+    assert out["epoch"] == 3 and out["rest"] == {"tag": "x"}
+    assert [p.name for p in path.parent.iterdir()] == ["last.pt"], "temporary files remain"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", ["ddp_fork", "ddp_spawn"])
+def test_a_failing_rank_is_named_quickly_and_leaves_no_process(
+    tmp_path: Path, name: str
+) -> None:
+    started = time.monotonic()
+    with pytest.raises(RankFailedError) as info:
+        ddp(name).launch(workloads.fail_on, 1, str(tmp_path))
+    elapsed = time.monotonic() - started
+    assert info.value.rank == 1, str(info.value)
+    assert "deliberate failure on rank 1" in str(info.value)
+    assert "Traceback" in str(info.value)
+    assert elapsed < 15, f"the failure took {elapsed:.1f}s to surface"
+    assert_no_survivors(tmp_path)
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_never_arrives_times_out_instead_of_hanging(tmp_path: Path) -> None:
+    started = time.monotonic()
+    with pytest.raises(RankFailedError) as info:
+        ddp("ddp_fork", timeout=3).launch(workloads.never_arrives, str(tmp_path))
+    elapsed = time.monotonic() - started
+    assert info.value.rank == 0, str(info.value)
+    assert elapsed < 30, f"the hang took {elapsed:.1f}s to become an error"
+    assert_no_survivors(tmp_path)
+
+
+@pytest.mark.timeout(90)
+def test_a_second_launch_in_the_same_process_works() -> None:
+    before = dict(os.environ)
+    first = ddp("ddp_fork").launch(workloads.places)
+    second = ddp("ddp_fork").launch(workloads.places)
+    assert [r["global_rank"] for r in first["ranks"]] == [0, 1]
+    assert [r["global_rank"] for r in second["ranks"]] == [0, 1]
+    assert not dist.is_initialized(), "the launching process was left with a process group"
+    assert dict(os.environ) == before, "launch changed the launching process's environment"
+
+
+@pytest.mark.timeout(60)
+def test_teardown_is_idempotent_and_restores_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "t")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("GROUP_RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.setenv("MASTER_PORT", "0")
+    strategy = interlock.resolve(accelerator="cpu", devices=1, strategy="ddp")
+    assert strategy.plan is not None and strategy.plan.launcher == "external"
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    # a torchrun-like single process: env:// rendezvous on a port we bind ourselves
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_PORT", str(store.port))
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")  # torchrun's agent serves it
+    strategy.setup_environment()
+    assert dist.is_initialized() and strategy.world_size == 1
+    strategy.teardown()
+    strategy.teardown()
+    assert not dist.is_initialized()
+    assert os.environ["MASTER_PORT"] == str(store.port)
+
+
+def test_fork_after_cuda_is_refused_with_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from interlock.strategies.launchers import LaunchError
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(LaunchError, match="CUDA was already initialised"):
+        ddp("ddp_fork").launch(workloads.places)
