@@ -124,9 +124,12 @@ def test_collectives_match_a_single_process_reference() -> None:
     s = [torch.tensor(float(r + 1)) for r in range(w)]
     stacked = [torch.stack([torch.full((2,), float(10 * r + j)) for j in range(w)])
                for r in range(w)]
-    reducers: dict[str, Callable[[list[torch.Tensor]], torch.Tensor]] = {"sum": lambda t: torch.stack(t).sum(0), "max": lambda t: torch.stack(t).amax(0),
-                "min": lambda t: torch.stack(t).amin(0),
-                "mean": lambda t: torch.stack(t).to(torch.float32).mean(0)}
+    reducers: dict[str, Callable[[list[torch.Tensor]], torch.Tensor]] = {
+        "sum": lambda t: torch.stack(t).sum(0),
+        "max": lambda t: torch.stack(t).amax(0),
+        "min": lambda t: torch.stack(t).amin(0),
+        "mean": lambda t: torch.stack(t).to(torch.float32).mean(0),
+    }
     for rank, out in enumerate(views):
         for op, reduce in reducers.items():
             for kind, inputs in (("float", f), ("int", i), ("scalar", s),
