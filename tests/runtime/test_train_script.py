@@ -1,0 +1,151 @@
+"""examples/train.py run as a user runs it: every launcher, resume, failures, signals.
+
+The script launcher (strategy 'ddp') re-runs the main script, so it can only be tested
+through a real script in a real subprocess; every run has a timeout and the tests
+check by command line that no process of a run survives it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train.py"
+
+
+def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def trained(tmp_path: Path, name: str, *args: str) -> dict[str, torch.Tensor]:
+    out = tmp_path / f"{name}.pt"
+    proc = run(*args, "--output", str(out))
+    assert proc.returncode == 0, f"train.py {' '.join(args)} failed:\n{proc.stderr[-3000:]}"
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["steps"] > 0
+    params: dict[str, torch.Tensor] = torch.load(out, weights_only=True)
+    return params
+
+
+def processes_mentioning(marker: str) -> list[int]:
+    """Live processes whose command line contains ``marker`` (zombies excluded)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (entry / "stat").read_text().split(") ", 1)[1][0]
+        except (OSError, IndexError):
+            continue
+        if marker in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def wait_until_gone(marker: str, seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        alive = processes_mentioning(marker)
+        if not alive:
+            return []
+        time.sleep(0.1)
+    return processes_mentioning(marker)
+
+
+def assert_close_params(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], what: str,
+                        **tolerance: float) -> None:
+    assert a.keys() == b.keys(), what
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], msg=lambda m, k=key: f"{what} {k}: {m}",
+                                   **tolerance)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn", "ddp_fork"])
+def test_two_ranks_match_one_process(tmp_path: Path, strategy: str) -> None:
+    common = ("--steps", "12", "--batch-size", "16")
+    single = trained(tmp_path, "single", "--strategy", "single_device", *common)
+    double = trained(tmp_path, strategy, "--strategy", strategy, "--devices", "2", *common)
+    assert_close_params(double, single, f"{strategy} vs single_device")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed", "64-true"])
+def test_precisions_run_and_match_loosely(tmp_path: Path, precision: str) -> None:
+    common = ("--steps", "8", "--precision", precision)
+    single = trained(tmp_path, "single", "--strategy", "single_device", *common)
+    double = trained(tmp_path, "ddp", "--strategy", "ddp", "--devices", "2", *common)
+    assert_close_params(double, single, f"ddp {precision}", rtol=2e-2, atol=2e-3)
+
+
+@pytest.mark.timeout(300)
+def test_resume_continues_exactly(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt" / "last.pt"
+    straight = trained(tmp_path, "straight", "--strategy", "ddp", "--devices", "2",
+                       "--steps", "10", "--precision", "16-mixed")
+    first = run("--strategy", "ddp", "--devices", "2", "--steps", "6", "--precision", "16-mixed",
+                "--checkpoint", str(ckpt), "--checkpoint-every", "3")
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = trained(tmp_path, "resumed", "--strategy", "ddp", "--devices", "2", "--steps",
+                      "10", "--precision", "16-mixed", "--checkpoint", str(ckpt),
+                      "--checkpoint-every", "3", "--resume")
+    # same samples, same order, optimizer momentum and grad-scaler state restored
+    assert_close_params(resumed, straight, "resumed vs straight", rtol=0.0, atol=0.0)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_a_failing_rank_ends_the_job_and_is_named(tmp_path: Path, strategy: str) -> None:
+    marker = str(tmp_path / "ckpt.pt")
+    started = time.monotonic()
+    proc = run("--strategy", strategy, "--devices", "2", "--steps", "1000", "--fail-at-step", "3",
+               "--fail-rank", "1", "--checkpoint", marker, timeout=60)
+    elapsed = time.monotonic() - started
+    assert proc.returncode != 0
+    assert "rank 1 failed" in proc.stderr and "deliberate failure at step 3" in proc.stderr, (
+        proc.stderr[-3000:])
+    assert elapsed < 30, f"the failure took {elapsed:.1f}s to end the job"
+    assert wait_until_gone(marker, 5) == [], "processes of the failed job survived it"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_fork"])
+def test_sigterm_to_the_parent_reaches_every_rank(tmp_path: Path, strategy: str) -> None:
+    marker = str(tmp_path / "ckpt.pt")
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--strategy", strategy, "--devices", "2", "--steps",
+         "100000000", "--checkpoint", marker],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(processes_mentioning(marker)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(processes_mentioning(marker)) >= 2, "the ranks never started"
+        time.sleep(1.0)  # let them reach the training loop
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+        assert code != 0
+        assert wait_until_gone(marker, 10) == [], "ranks survived SIGTERM to their parent"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in processes_mentioning(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_an_impossible_request_exits_2_without_traceback() -> None:
+    proc = run("--strategy", "deepspeed", timeout=60)
+    assert proc.returncode == 2
+    assert "[unsupported-accelerator]" in proc.stderr and "Traceback" not in proc.stderr
