@@ -710,6 +710,35 @@ def _version(dist_name: str) -> str:
         return "not installed"
 
 
+def _interlock_source() -> str:
+    """Where interlock was imported from, with the commit when it is a git checkout.
+
+    Other work may edit the source tree while this runs, and spawned ranks import it
+    from disk again, so the report says exactly what was measured.
+    """
+    import subprocess
+
+    import interlock
+
+    where = os.path.dirname(os.path.dirname(os.path.abspath(interlock.__file__)))
+    try:
+        commit = subprocess.run(
+            ["git", "-C", where, "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", where, "status", "--porcelain", "--", "."],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return where
+    return f"{where} @ {commit}{' + uncommitted changes' if dirty else ''}"
+
+
 def environment_info() -> dict[str, Any]:
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -719,6 +748,7 @@ def environment_info() -> dict[str, Any]:
         "torch": torch.__version__,
         "lightning": _version("lightning"),
         "interlock": _version("interlock"),
+        "interlock_source": _interlock_source(),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset"),
         "loadavg_1m_at_start": round(os.getloadavg()[0], 2),
     }

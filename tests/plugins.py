@@ -46,3 +46,25 @@ class NotAPlugin:
 class Fp16MixedPlugin:
     interlock_plugin_kind = "precision"
     precision = "16-mixed"
+
+
+class StandInAccelerator:
+    """Declares itself an accelerator part the way the runtime's Accelerator does."""
+
+    interlock_part_kind = "accelerator"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class StandInStrategy:
+    """Declares itself a strategy part the way the runtime's Strategy does."""
+
+    interlock_part_kind = "strategy"
+
+    def __init__(self, name: str, **parts: object) -> None:
+        self.name = name
+        self._parts = parts
+
+    def given_parts(self) -> dict[str, object]:
+        return dict(self._parts)

@@ -25,7 +25,14 @@ from machines import (
     slurm,
     torchelastic,
 )
-from plugins import BF16Plugin, LocalCluster, MyCheckpointIO, NotAPlugin
+from plugins import (
+    BF16Plugin,
+    LocalCluster,
+    MyCheckpointIO,
+    NotAPlugin,
+    StandInAccelerator,
+    StandInStrategy,
+)
 
 Flags = dict[str, Any]
 
@@ -44,6 +51,16 @@ MPI = Machine(environ={"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0",
 
 #: rule id -> (flags, machine, refusal code or None)
 EXAMPLES: dict[str, tuple[Flags, Machine, str | None]] = {
+    "flags/accelerator-instance": ({"accelerator": StandInAccelerator("cpu")}, CPU, None),
+    "flags/strategy-instance": ({"strategy": StandInStrategy("ddp"), "devices": 2}, CPU, None),
+    "flags/strategy-instance-unregistered": ({"strategy": StandInStrategy("nope")}, CPU,
+                                             "unknown-strategy"),
+    "flags/strategy-instance-conflict": (
+        {"strategy": StandInStrategy("ddp", precision=BF16Plugin()), "precision": "16-mixed"},
+        CPU, "conflicting-flags"),
+    "flags/adopt-instance-parts": (
+        {"strategy": StandInStrategy("ddp", devices=("cpu", "cpu"))}, CPU, None),
+    "flags/no-instance": ({}, CPU, None),
     "flags/accelerator-name": ({"accelerator": "CPU"}, CPU, None),
     "flags/accelerator-alias": ({"accelerator": "tpu"}, TPU, None),
     "flags/accelerator-unknown": ({"accelerator": "cdua"}, CPU, "unknown-accelerator"),

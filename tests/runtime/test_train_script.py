@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -66,8 +67,12 @@ def assert_close_params(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], 
                         **tolerance: float) -> None:
     assert a.keys() == b.keys(), what
     for key in a:
-        torch.testing.assert_close(a[key], b[key], msg=lambda m, k=key: f"{what} {k}: {m}",
+        torch.testing.assert_close(a[key], b[key], msg=_prefix(f"{what} {key}"),
                                    **tolerance)  # type: ignore[arg-type]
+
+
+def _prefix(what: str) -> Callable[[str], str]:
+    return lambda message: f"{what}: {message}"
 
 
 @pytest.mark.timeout(300)

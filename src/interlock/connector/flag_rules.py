@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from interlock.connector.errors import did_you_mean
 from interlock.connector.rules import (
@@ -29,6 +29,16 @@ from interlock.connector.tables import (
 
 #: What plugin objects declare in their ``interlock_plugin_kind`` class attribute.
 PLUGIN_KINDS: tuple[str, ...] = ("precision", "checkpoint_io", "cluster_environment")
+
+
+def part_kind(obj: object) -> str | None:
+    """The runtime part an object is (``"accelerator"``, ``"strategy"``), or None.
+
+    The engine never imports the runtime: parts declare themselves with a class
+    attribute, as plugins do.
+    """
+    kind = getattr(type(obj), "interlock_part_kind", None)
+    return kind if isinstance(kind, str) else None
 
 
 def _norm(value: object) -> str | None:
@@ -69,10 +79,30 @@ def _refuse_accelerator(ctx: Context) -> str:
     )
 
 
+def _instance_name(obj: object) -> str | None:
+    name = getattr(obj, "name", None)
+    return name if isinstance(name, str) else None
+
+
+def _set_accelerator_instance(ctx: Context) -> str:
+    ctx.accelerator_instance = ctx.accelerator_flag
+    ctx.accelerator_input = _instance_name(ctx.accelerator_flag) or ""
+    return f"an accelerator instance ({type(ctx.accelerator_flag).__name__}, " \
+        f"{ctx.accelerator_input!r})"
+
+
 ACCELERATOR_FLAG = Decision(
     id="flags/accelerator",
-    doc="Read the accelerator name (case-insensitive).",
+    doc="Read the accelerator name (case-insensitive), or take an Accelerator instance.",
     rules=(
+        Rule(
+            id="flags/accelerator-instance",
+            doc="An Accelerator instance whose name is a canonical accelerator; it is used "
+            "as given when the strategy is built.",
+            when=lambda c: part_kind(c.accelerator_flag) == "accelerator"
+            and _instance_name(c.accelerator_flag) in ACCELERATOR_ROWS,
+            then=_set_accelerator_instance,
+        ),
         Rule(
             id="flags/accelerator-name",
             doc="A canonical accelerator name, 'auto' or 'gpu'.",
@@ -138,10 +168,46 @@ def _refuse_strategy(ctx: Context) -> str:
     )
 
 
+def _set_strategy_instance(ctx: Context) -> str:
+    name = _instance_name(ctx.strategy_flag) or ""
+    ctx.strategy_instance = ctx.strategy_flag
+    ctx.strategy_input = name
+    ctx.explicit_spec = ctx.specs[name]
+    return f"a strategy instance ({type(ctx.strategy_flag).__name__}, registered as {name!r})"
+
+
+def _refuse_strategy_instance(ctx: Context) -> str:
+    name = _instance_name(ctx.strategy_flag)
+    refuse(
+        "unknown-strategy",
+        flag="strategy",
+        value=ctx.strategy_flag,
+        reason=f"the instance's name {name!r} is not a registered strategy; register a "
+        "StrategySpec for its class first.",
+        choices=tuple(sorted(n for n, s in ctx.specs.items() if s.variant_of is None)),
+    )
+
+
 STRATEGY_FLAG = Decision(
     id="flags/strategy",
-    doc="Look the strategy name up in the registry (case-insensitive).",
+    doc="Look the strategy name up in the registry (case-insensitive), or take a Strategy "
+    "instance.",
     rules=(
+        Rule(
+            id="flags/strategy-instance",
+            doc="A Strategy instance: its registry row decides like a name would, and the "
+            "parts it was given are used as given.",
+            when=lambda c: part_kind(c.strategy_flag) == "strategy"
+            and _instance_name(c.strategy_flag) in c.specs,
+            then=_set_strategy_instance,
+        ),
+        Rule(
+            id="flags/strategy-instance-unregistered",
+            doc="A Strategy instance whose name is not registered.",
+            when=lambda c: part_kind(c.strategy_flag) == "strategy",
+            then=_refuse_strategy_instance,
+            refuses="unknown-strategy",
+        ),
         Rule(
             id="flags/strategy-auto",
             doc="'auto' defers the choice to the strategy stage.",
@@ -533,6 +599,14 @@ PLUGINS_FLAG = Decision(
 # --------------------------------------------------------------------------- conflicts
 
 
+def given_parts(ctx: Context) -> dict[str, object]:
+    """The parts the user set on a strategy instance (accelerator, precision,
+    checkpoint_io, cluster_environment, devices)."""
+    getter = getattr(ctx.strategy_instance, "given_parts", None)
+    parts = getter() if callable(getter) else {}
+    return dict(parts) if isinstance(parts, dict) else {}
+
+
 def _refuse_precision_conflict(ctx: Context) -> str:
     plugin_precision = getattr(ctx.plugins.precision, "precision", None)
     refuse(
@@ -545,14 +619,58 @@ def _refuse_precision_conflict(ctx: Context) -> str:
     )
 
 
+#: part on a strategy instance -> (the flag that sets it too, whether that flag is set)
+_INSTANCE_CONFLICTS: dict[str, tuple[str, Callable[[Context], bool]]] = {
+    "accelerator": ("accelerator", lambda c: _norm(c.accelerator_flag) != "auto"),
+    "devices": ("devices", lambda c: _norm(c.devices_flag) != "auto"),
+    "precision": ("precision", lambda c: c.precision_input != DEFAULT_PRECISION
+                  or c.plugins.precision is not None),
+    "checkpoint_io": ("plugins", lambda c: c.plugins.checkpoint_io is not None),
+    "cluster_environment": ("plugins", lambda c: c.plugins.cluster_environment is not None),
+}
+
+
+def _instance_conflict(ctx: Context) -> str | None:
+    for part in given_parts(ctx):
+        if part in _INSTANCE_CONFLICTS and _INSTANCE_CONFLICTS[part][1](ctx):
+            return part
+    return None
+
+
+def _refuse_instance_conflict(ctx: Context) -> str:
+    part = _instance_conflict(ctx) or ""
+    flag = _INSTANCE_CONFLICTS[part][0]
+    value = {"accelerator": ctx.accelerator_flag, "devices": ctx.devices_flag,
+             "precision": ctx.precision_flag}.get(flag, ctx.plugins_flag)
+    refuse(
+        "conflicting-flags",
+        flag=flag,
+        value=value,
+        reason=f"the strategy instance ({type(ctx.strategy_instance).__name__}) was given its "
+        f"own {part.replace('_', ' ')}, and {flag}= sets it as well; one of them would be "
+        "ignored.",
+        choices=(f"set the {part.replace('_', ' ')} on the strategy only",
+                 f"set it through {flag}= only"),
+    )
+
+
 def _no_conflict(ctx: Context) -> str:
     return "no two flags set the same thing"
 
 
 CONFLICTS = Decision(
     id="flags/conflicts",
-    doc="Two flags must not set the same thing.",
+    doc="Two flags, or a flag and a strategy instance's own part, must not set the same "
+    "thing: the engine refuses rather than let one silently win.",
     rules=(
+        Rule(
+            id="flags/strategy-instance-conflict",
+            doc="A part given to the strategy instance (accelerator, devices, precision, "
+            "checkpoint IO, cluster environment) is also set by a flag or plugin.",
+            when=lambda c: _instance_conflict(c) is not None,
+            then=_refuse_instance_conflict,
+            refuses="conflicting-flags",
+        ),
         Rule(
             id="flags/precision-and-plugin",
             doc="A precision plugin together with a non-default precision= is refused "
@@ -563,6 +681,48 @@ CONFLICTS = Decision(
             refuses="conflicting-flags",
         ),
         Rule(id="flags/no-conflict", doc="Otherwise.", when=always, then=_no_conflict),
+    ),
+)
+
+
+def _adopt_instance_parts(ctx: Context) -> str:
+    parts = given_parts(ctx)
+    taken = []
+    accelerator = parts.get("accelerator")
+    if accelerator is not None:
+        ctx.accelerator_instance = accelerator
+        ctx.accelerator_input = _instance_name(accelerator) or ""
+        taken.append(f"accelerator {ctx.accelerator_input!r}")
+    devices = parts.get("devices")
+    if isinstance(devices, tuple) and devices:
+        indices = [d.partition(":")[2] for d in devices]
+        if all(i.isdigit() for i in indices):
+            ctx.devices = DevicesRequest(kind="ids", ids=tuple(int(i) for i in indices))
+        else:
+            ctx.devices = DevicesRequest(kind="count", count=len(devices))
+        taken.append(f"devices {', '.join(devices)}")
+    for kind in PLUGIN_KINDS:
+        obj = parts.get(kind)
+        if obj is not None:
+            setattr(ctx.plugins, kind, obj)
+            taken.append(f"{kind.replace('_', ' ')} {type(obj).__name__}")
+    return "from the strategy instance: " + (", ".join(taken) or "no parts")
+
+
+INSTANCE_PARTS = Decision(
+    id="flags/strategy-instance-parts",
+    doc="The parts a strategy instance was given stand in for the flags they replace, "
+    "and are checked by the later stages like flags are.",
+    rules=(
+        Rule(
+            id="flags/adopt-instance-parts",
+            doc="Take the instance's accelerator, devices, precision, checkpoint IO and "
+            "cluster environment.",
+            when=lambda c: c.strategy_instance is not None,
+            then=_adopt_instance_parts,
+        ),
+        Rule(id="flags/no-instance", doc="No strategy instance.", when=always,
+             then=lambda c: "no strategy instance"),
     ),
 )
 
@@ -577,5 +737,6 @@ FLAGS_STAGE = Stage(
         NUM_NODES_FLAG,
         PLUGINS_FLAG,
         CONFLICTS,
+        INSTANCE_PARTS,
     ),
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeAlias
 
 from interlock.connector.flag_rules import FLAGS_STAGE, plugin_kind
 from interlock.connector.machine import Machine
@@ -30,6 +30,30 @@ STAGES: tuple[Stage, ...] = (
     PLUGINS_STAGE,
 )
 
+class AcceleratorPart(Protocol):
+    """What the engine needs of an Accelerator instance passed as ``accelerator=``."""
+
+    interlock_part_kind: ClassVar[str]
+
+    @property
+    def name(self) -> str: ...
+
+
+class StrategyPart(Protocol):
+    """What the engine needs of a Strategy instance passed as ``strategy=``."""
+
+    interlock_part_kind: ClassVar[str]
+
+    @property
+    def name(self) -> str: ...
+
+    def given_parts(self) -> dict[str, object]: ...
+
+
+#: What the accelerator flag accepts: a name or an Accelerator instance.
+AcceleratorFlag: TypeAlias = str | AcceleratorPart
+#: What the strategy flag accepts: a registry name or a Strategy instance.
+StrategyFlag: TypeAlias = str | StrategyPart
 #: What the devices flag accepts: "auto", a count, -1, "0,1"-style ids, or a list of ids.
 DevicesFlag: TypeAlias = int | str | Sequence[int]
 #: What the precision flag accepts: a canonical name or a legacy alias (16, "bf16", ...).
@@ -70,6 +94,8 @@ class Plan:
     trace: tuple[TraceStep, ...]
     spec: StrategySpec = field(repr=False)
     plugins: tuple[object, ...] = field(default=(), repr=False)
+    strategy_instance: object | None = field(default=None, repr=False, compare=False)
+    accelerator_instance: object | None = field(default=None, repr=False, compare=False)
     machine: Machine = field(default_factory=Machine, repr=False, compare=False)
 
     @property
@@ -80,12 +106,17 @@ class Plan:
     def build(self) -> Strategy:
         """Wire the strategy this plan describes (imports its module now).
 
-        The factory named by the strategy's row is a Strategy class with a
-        ``from_plan(plan)`` classmethod, or any callable taking the plan.
+        A strategy instance given to `plan()` is completed with the parts it was not
+        given. Otherwise the factory named by the strategy's row is a Strategy class
+        with a ``from_plan(plan)`` classmethod, or any callable taking the plan.
         """
+        if self.strategy_instance is not None:
+            strategy: Strategy = self.strategy_instance  # type: ignore[assignment]
+            strategy.complete(self)
+            return strategy
         factory = load_factory(self.spec)
         builder = getattr(factory, "from_plan", None)
-        strategy: Strategy = builder(self) if builder is not None else factory(self)
+        strategy = builder(self) if builder is not None else factory(self)
         strategy.plan = self
         return strategy
 
@@ -158,9 +189,9 @@ def load_factory(spec: StrategySpec) -> Any:
 
 
 def resolve(
-    accelerator: str = "auto",
+    accelerator: AcceleratorFlag = "auto",
     devices: DevicesFlag = "auto",
-    strategy: str = "auto",
+    strategy: StrategyFlag = "auto",
     precision: PrecisionFlag = "32-true",
     num_nodes: int = 1,
     plugins: object = None,
@@ -203,9 +234,9 @@ def _exact(value: object) -> object:
 
 
 def plan(
-    accelerator: str = "auto",
+    accelerator: AcceleratorFlag = "auto",
     devices: DevicesFlag = "auto",
-    strategy: str = "auto",
+    strategy: StrategyFlag = "auto",
     precision: PrecisionFlag = "32-true",
     num_nodes: int = 1,
     plugins: object = None,
@@ -217,9 +248,11 @@ def plan(
     flags on the same `Machine` always give the same plan.
 
     Args:
-        accelerator: "auto", "cpu", "cuda", "gpu", "mps", "tpu" or "xla".
+        accelerator: "auto", "cpu", "cuda", "gpu", "mps", "tpu" or "xla", or an
+            Accelerator instance.
         devices: "auto", a count, -1 for all, "0,1"-style ids, or a list of ids.
-        strategy: a registered strategy name or "auto".
+        strategy: a registered strategy name, "auto", or a Strategy instance (whose
+            own parts must not also be set by flags).
         precision: a canonical precision or a legacy alias (16, "bf16", 32, 64).
         num_nodes: number of nodes, an int >= 1.
         plugins: a plugin object or a sequence of them (precision, checkpoint IO,
@@ -268,6 +301,8 @@ def plan(
         trace=tuple(ctx.trace),
         spec=spec,
         plugins=ctx.plugins.given(),
+        strategy_instance=ctx.strategy_instance,
+        accelerator_instance=ctx.accelerator_instance,
         machine=machine,
     )
     if key is not None:

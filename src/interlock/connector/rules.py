@@ -68,6 +68,8 @@ class Context:
     plugins_flag: object
     # flags stage
     accelerator_input: str = ""
+    accelerator_instance: object | None = None
+    strategy_instance: object | None = None
     devices: DevicesRequest = DevicesRequest(kind="auto")
     strategy_input: str = ""
     explicit_spec: StrategySpec | None = None

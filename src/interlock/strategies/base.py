@@ -19,7 +19,7 @@ from torch.optim import Optimizer
 
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.collectives import Collective, ReduceOp
-from interlock.strategies.environments import ClusterEnvironment
+from interlock.strategies.environments import ClusterEnvironment, LocalEnvironment
 from interlock.strategies.init_context import empty_init_context
 from interlock.strategies.io import CheckpointIO, TorchCheckpointIO
 from interlock.strategies.launchers import Launcher
@@ -39,30 +39,78 @@ PRECISION_KEY = "interlock/precision"
 class Strategy(ABC):
     """Where and how a model trains: one device, or many processes.
 
+    Every part is optional at construction: what is not given is filled in from the
+    Plan when the strategy is resolved (``interlock.resolve(strategy=instance, ...)``),
+    and a part given here and through a flag too is refused as conflicting.
+
     Attributes:
-        plan: the Plan this strategy was built from (None when built by hand).
+        plan: the Plan this strategy was completed from (None when built by hand).
     """
 
+    #: lets the engine recognise instances without importing the runtime
+    interlock_part_kind: ClassVar[str] = "strategy"
     #: the registry name this class serves by default
     registry_name: ClassVar[str]
 
     def __init__(
         self,
         *,
-        accelerator: Accelerator,
+        accelerator: Accelerator | None = None,
         precision: Precision | None = None,
         checkpoint_io: CheckpointIO | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
     ) -> None:
+        self._given: dict[str, object] = {
+            name: part for name, part in (
+                ("accelerator", accelerator), ("precision", precision),
+                ("checkpoint_io", checkpoint_io), ("cluster_environment", cluster_environment),
+            ) if part is not None
+        }
         self._accelerator = accelerator
         self._precision = precision if precision is not None else Precision()
         self._checkpoint_io = checkpoint_io if checkpoint_io is not None else TorchCheckpointIO()
+        self._cluster = cluster_environment if cluster_environment is not None else (
+            LocalEnvironment()
+        )
         self._launcher: Launcher | None = None
         self.plan: Plan | None = None
+
+    @property
+    def name(self) -> str:
+        """The registry name this instance stands for (its plan's, once it has one)."""
+        return self.plan.strategy if self.plan is not None else self.registry_name
+
+    def given_parts(self) -> dict[str, object]:
+        """The parts passed to the constructor (the engine checks them against flags)."""
+        return dict(self._given)
+
+    def complete(self, plan: Plan) -> None:
+        """Fill in every part not given at construction from ``plan``, and keep it."""
+        from interlock.strategies.parts import parts_from_plan
+
+        for name, part in parts_from_plan(plan).items():
+            if name not in self._given:
+                setattr(self, "_cluster" if name == "cluster_environment" else f"_{name}",
+                        part)
+        self._place(plan)
+        self.plan = plan
+        self._configure()
+
+    def _place(self, plan: Plan) -> None:  # noqa: B027 - optional hook
+        """Take devices and nodes from ``plan`` where the constructor did not give them."""
+
+    def _configure(self) -> None:  # noqa: B027 - optional hook
+        """Derive what depends on the parts (the launcher) once they are all known."""
 
     # ----------------------------------------------------------------- parts
 
     @property
     def accelerator(self) -> Accelerator:
+        if self._accelerator is None:
+            raise RuntimeError(
+                f"{type(self).__name__} has no accelerator yet: pass one, or build it with "
+                "interlock.resolve(strategy=<this instance>, ...)"
+            )
         return self._accelerator
 
     @property
@@ -79,9 +127,9 @@ class Strategy(ABC):
         return self._launcher
 
     @property
-    @abstractmethod
     def cluster_environment(self) -> ClusterEnvironment:
         """Where ranks and the rendezvous address come from."""
+        return self._cluster
 
     @property
     @abstractmethod
@@ -132,7 +180,8 @@ class Strategy(ABC):
     def teardown(self) -> None:
         """Release everything `setup_environment` created; safe to call twice."""
         self._precision.teardown()
-        self._accelerator.teardown()
+        if self._accelerator is not None:
+            self._accelerator.teardown()
         self._checkpoint_io.teardown()
 
     # ----------------------------------------------------------------- modules

@@ -22,7 +22,6 @@ from interlock.strategies.launchers import (
 )
 from interlock.strategies.module_wrapper import StrategyModule
 from interlock.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
-from interlock.strategies.parts import parts_from_plan
 from interlock.strategies.precision import Precision
 
 if TYPE_CHECKING:
@@ -50,9 +49,9 @@ class DDPStrategy(ParallelStrategy):
     def __init__(
         self,
         *,
-        accelerator: Accelerator,
-        parallel_devices: Sequence[torch.device | str],
-        num_nodes: int = 1,
+        accelerator: Accelerator | None = None,
+        parallel_devices: Sequence[torch.device | str] | None = None,
+        num_nodes: int | None = None,
         precision: Precision | None = None,
         checkpoint_io: CheckpointIO | None = None,
         cluster_environment: ClusterEnvironment | None = None,
@@ -70,7 +69,7 @@ class DDPStrategy(ParallelStrategy):
             )
         super().__init__(
             accelerator=accelerator,
-            parallel_devices=[torch.device(d) for d in parallel_devices],
+            parallel_devices=parallel_devices,
             num_nodes=num_nodes, precision=precision, checkpoint_io=checkpoint_io,
             cluster_environment=cluster_environment, backend=backend, timeout=timeout,
         )
@@ -81,18 +80,23 @@ class DDPStrategy(ParallelStrategy):
             "gradient_as_bucket_view": gradient_as_bucket_view,
             **ddp_kwargs,
         }
-        self._launcher = self._make_launcher()
+        if self.parallel_devices and accelerator is not None:
+            self._configure()  # wired by hand: ready to launch
 
     @classmethod
     def from_plan(cls, plan: Plan) -> DDPStrategy:
         options: dict[str, Any] = dict(plan.spec.options)
-        return cls(parallel_devices=[torch.device(d) for d in plan.parallel_devices],
-                   num_nodes=plan.num_nodes, **parts_from_plan(plan), **options)
+        strategy = cls(**options)
+        strategy.complete(plan)
+        return strategy
+
+    def _configure(self) -> None:
+        self._launcher = self._make_launcher()
 
     @property
     def name(self) -> str:
-        """The registry name of this launch style."""
-        return DDP_NAMES[self.start_method]
+        """The registry name: its plan's, else that of its launch style."""
+        return self.plan.strategy if self.plan is not None else DDP_NAMES[self.start_method]
 
     def _make_launcher(self) -> Launcher:
         cluster = self.cluster_environment

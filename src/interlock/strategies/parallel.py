@@ -5,17 +5,21 @@ from __future__ import annotations
 import datetime
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.base import Strategy
 from interlock.strategies.collectives import Collective, TorchCollective
-from interlock.strategies.environments import ClusterEnvironment, LocalEnvironment
+from interlock.strategies.environments import ClusterEnvironment
 from interlock.strategies.io import CheckpointIO
 from interlock.strategies.launchers.base import RANK0_SERVES_ENV, RENDEZVOUS_ENV
 from interlock.strategies.launchers.rendezvous import connect_store
 from interlock.strategies.precision import Precision
+
+if TYPE_CHECKING:
+    from interlock.connector.planner import Plan
 
 #: Process-group timeout unless the strategy is given one: long enough for slow
 #: checkpoints, finite so that a rank that never arrives becomes an error, not a hang.
@@ -28,9 +32,9 @@ class ParallelStrategy(Strategy):
     def __init__(
         self,
         *,
-        accelerator: Accelerator,
-        parallel_devices: Sequence[torch.device],
-        num_nodes: int = 1,
+        accelerator: Accelerator | None = None,
+        parallel_devices: Sequence[torch.device | str] | None = None,
+        num_nodes: int | None = None,
         precision: Precision | None = None,
         checkpoint_io: CheckpointIO | None = None,
         cluster_environment: ClusterEnvironment | None = None,
@@ -38,22 +42,24 @@ class ParallelStrategy(Strategy):
         timeout: datetime.timedelta = DEFAULT_TIMEOUT,
     ) -> None:
         super().__init__(accelerator=accelerator, precision=precision,
-                         checkpoint_io=checkpoint_io)
-        if not parallel_devices:
+                         checkpoint_io=checkpoint_io, cluster_environment=cluster_environment)
+        if parallel_devices is not None and not parallel_devices:
             raise ValueError("a parallel strategy needs at least one device")
-        self.parallel_devices = [torch.device(d) for d in parallel_devices]
-        self.num_nodes = num_nodes
-        self._cluster = cluster_environment if cluster_environment is not None else (
-            LocalEnvironment()
-        )
+        self.parallel_devices = [torch.device(d) for d in parallel_devices or ()]
+        if self.parallel_devices:
+            self._given["devices"] = tuple(str(d) for d in self.parallel_devices)
+        self._num_nodes_given = num_nodes is not None
+        self.num_nodes = num_nodes or 1
         self._backend = backend
         self.timeout = timeout
         self._collective = TorchCollective()
         self._exported: dict[str, str | None] | None = None
 
-    @property
-    def cluster_environment(self) -> ClusterEnvironment:
-        return self._cluster
+    def _place(self, plan: Plan) -> None:
+        if not self.parallel_devices:
+            self.parallel_devices = [torch.device(d) for d in plan.parallel_devices]
+        if not self._num_nodes_given:
+            self.num_nodes = plan.num_nodes
 
     @property
     def collective(self) -> Collective:

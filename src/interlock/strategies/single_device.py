@@ -9,9 +9,8 @@ import torch
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.base import Strategy
 from interlock.strategies.collectives import Collective, SingleDeviceCollective
-from interlock.strategies.environments import ClusterEnvironment, LocalEnvironment
+from interlock.strategies.environments import ClusterEnvironment
 from interlock.strategies.io import CheckpointIO
-from interlock.strategies.parts import parts_from_plan
 from interlock.strategies.precision import Precision
 
 if TYPE_CHECKING:
@@ -26,36 +25,39 @@ class SingleDeviceStrategy(Strategy):
     def __init__(
         self,
         *,
-        device: torch.device | str,
-        accelerator: Accelerator,
+        device: torch.device | str | None = None,
+        accelerator: Accelerator | None = None,
         precision: Precision | None = None,
         checkpoint_io: CheckpointIO | None = None,
         cluster_environment: ClusterEnvironment | None = None,
     ) -> None:
         super().__init__(accelerator=accelerator, precision=precision,
-                         checkpoint_io=checkpoint_io)
-        self._device = torch.device(device)
-        self._cluster = cluster_environment if cluster_environment is not None else (
-            LocalEnvironment()
-        )
+                         checkpoint_io=checkpoint_io, cluster_environment=cluster_environment)
+        self._device = torch.device(device) if device is not None else None
+        if self._device is not None:
+            self._given["devices"] = (str(self._device),)
         self._collective = SingleDeviceCollective()
 
     @classmethod
     def from_plan(cls, plan: Plan) -> SingleDeviceStrategy:
-        parts = parts_from_plan(plan)
-        return cls(device=plan.parallel_devices[0], **parts)
+        strategy = cls()
+        strategy.complete(plan)
+        return strategy
+
+    def _place(self, plan: Plan) -> None:
+        if self._device is None:
+            self._device = torch.device(plan.parallel_devices[0])
 
     @property
     def root_device(self) -> torch.device:
+        if self._device is None:
+            raise RuntimeError("SingleDeviceStrategy has no device yet: pass device=, or "
+                               "build it with interlock.resolve(strategy=<this instance>)")
         return self._device
-
-    @property
-    def cluster_environment(self) -> ClusterEnvironment:
-        return self._cluster
 
     @property
     def collective(self) -> Collective:
         return self._collective
 
     def setup_environment(self) -> None:
-        self.accelerator.setup_device(self._device)
+        self.accelerator.setup_device(self.root_device)

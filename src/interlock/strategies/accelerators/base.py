@@ -18,6 +18,8 @@ class Accelerator(ABC):
     devices rules so that flags mean the same here as in `interlock.plan()`.
     """
 
+    #: lets the engine recognise instances without importing the runtime
+    interlock_part_kind: ClassVar[str] = "accelerator"
     name: ClassVar[str]
 
     @staticmethod

@@ -1,0 +1,140 @@
+"""resolve() and Plan.build(): wiring strategies from plans, names and instances."""
+
+from __future__ import annotations
+
+import pytest
+
+import interlock
+from interlock import Machine, ResolutionError, StrategySpec
+from interlock.connector import registry
+from interlock.connector.tables import ACCELERATOR_NAMES
+from interlock.strategies.accelerators import ACCELERATOR_CLASSES, CPUAccelerator
+from interlock.strategies.ddp import DDP_NAMES, DDPStrategy
+from interlock.strategies.environments import LocalEnvironment, TorchElasticEnvironment
+from interlock.strategies.io import TorchCheckpointIO
+from interlock.strategies.launchers import ExternalLauncher
+from interlock.strategies.precision import MixedPrecision, Precision
+from interlock.strategies.single_device import SingleDeviceStrategy
+
+CPU = Machine()
+
+
+def test_accelerator_classes_follow_the_engine_table() -> None:
+    assert set(ACCELERATOR_CLASSES) == set(ACCELERATOR_NAMES)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, s in interlock.strategy_specs().items()
+                                        if s.family == "ddp"))
+def test_every_ddp_name_builds_with_the_planned_launcher(name: str) -> None:
+    strategy = interlock.resolve(accelerator="cpu", devices=2, strategy=name, machine=CPU)
+    assert isinstance(strategy, DDPStrategy)
+    assert strategy.plan is not None and strategy.plan.strategy == name
+    assert strategy.launcher is not None and strategy.launcher.name == strategy.plan.launcher
+    assert strategy.name == name
+    unused = strategy.plan.spec.options.get("find_unused_parameters", False)
+    assert strategy.ddp_kwargs["find_unused_parameters"] is unused
+    assert [str(d) for d in strategy.parallel_devices] == ["cpu", "cpu"]
+    assert strategy.world_size == 2 and strategy.backend == "gloo"
+
+
+def test_single_device_builds_and_runs_in_process() -> None:
+    strategy = interlock.resolve(machine=CPU)
+    assert isinstance(strategy, SingleDeviceStrategy) and strategy.launcher is None
+    assert strategy.launch(lambda s: (s.world_size, str(s.root_device))) == (1, "cpu")
+
+
+def test_plugins_become_the_strategys_parts() -> None:
+    io = TorchCheckpointIO()
+    precision = MixedPrecision("bf16-mixed", "cpu")
+    strategy = interlock.resolve(accelerator="cpu", devices=2, plugins=[io, precision],
+                                 machine=CPU)
+    assert strategy.checkpoint_io is io and strategy.precision is precision
+
+
+def test_an_external_cluster_gives_the_external_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {"TORCHELASTIC_RUN_ID": "r", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+           "GROUP_WORLD_SIZE": "1", "RANK": "1", "LOCAL_RANK": "1", "GROUP_RANK": "0",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    strategy = interlock.resolve(accelerator="cpu", devices=2, strategy="ddp_spawn")
+    assert isinstance(strategy.launcher, ExternalLauncher)
+    assert isinstance(strategy.cluster_environment, TorchElasticEnvironment)
+    assert (strategy.global_rank, strategy.local_rank, strategy.world_size) == (1, 1, 2)
+
+
+def test_a_strategy_instance_is_completed_from_the_plan() -> None:
+    mine = DDPStrategy(start_method="spawn", find_unused_parameters=True)
+    strategy = interlock.resolve(strategy=mine, accelerator="cpu", devices=2, machine=CPU)
+    assert strategy is mine
+    assert mine.plan is not None and mine.plan.strategy == "ddp_spawn"
+    assert mine.launcher is not None and mine.launcher.name == "spawn"
+    assert mine.ddp_kwargs["find_unused_parameters"] is True
+    assert isinstance(mine.accelerator, CPUAccelerator) and len(mine.parallel_devices) == 2
+
+
+def test_parts_given_to_an_instance_are_kept() -> None:
+    precision = MixedPrecision("bf16-mixed", "cpu")
+    mine = DDPStrategy(precision=precision, parallel_devices=["cpu", "cpu"])
+    strategy = interlock.resolve(strategy=mine, accelerator="cpu", machine=CPU)
+    assert strategy.precision is precision and strategy.plan is not None
+    assert strategy.plan.precision == "bf16-mixed" and strategy.plan.world_size == 2
+
+
+@pytest.mark.parametrize(
+    ("instance", "flags", "flag"),
+    [
+        (lambda: DDPStrategy(precision=MixedPrecision("bf16-mixed", "cpu")),
+         {"precision": "16-mixed"}, "precision"),
+        (lambda: DDPStrategy(precision=Precision()), {"plugins": MixedPrecision("bf16-mixed",
+                                                                              "cpu")},
+         "precision"),
+        (lambda: DDPStrategy(accelerator=CPUAccelerator()), {"accelerator": "cpu"},
+         "accelerator"),
+        (lambda: DDPStrategy(parallel_devices=["cpu", "cpu"]), {"devices": 2}, "devices"),
+        (lambda: DDPStrategy(cluster_environment=LocalEnvironment()),
+         {"plugins": [LocalEnvironment()]}, "plugins"),
+        (lambda: DDPStrategy(checkpoint_io=TorchCheckpointIO()),
+         {"plugins": [TorchCheckpointIO()]}, "plugins"),
+    ],
+)
+def test_a_part_set_twice_is_a_conflict(instance: object, flags: dict[str, object],
+                                        flag: str) -> None:
+    with pytest.raises(ResolutionError) as info:
+        interlock.resolve(strategy=instance(), machine=CPU, **flags)  # type: ignore[operator]
+    assert (info.value.code, info.value.flag) == ("conflicting-flags", flag), str(info.value)
+
+
+def test_an_accelerator_instance_is_used_as_given() -> None:
+    accelerator = CPUAccelerator()
+    strategy = interlock.resolve(accelerator=accelerator, devices=2, machine=CPU)
+    assert strategy.accelerator is accelerator
+
+
+def test_unbuilt_sharded_strategies_say_what_is_missing() -> None:
+    # FSDP, model parallel, XLA and DeepSpeed are planned by the engine; their runtime
+    # arrives separately, and until then build() names the missing implementation.
+    p = interlock.plan(accelerator="cpu", devices=2, strategy="fsdp", machine=CPU)
+    with pytest.raises(ImportError, match="strategy 'fsdp' is implemented by"):
+        p.build()
+
+
+def test_a_third_party_strategy_builds_through_its_factory() -> None:
+    spec = StrategySpec(
+        name="ddp_thirdparty_probe", factory="interlock.strategies.ddp:DDPStrategy",
+        description="probe", family="ddp", accelerators=frozenset({"cpu"}),
+        precisions=frozenset({"32-true"}), launcher="fork",
+        options={"start_method": "fork"},
+    )
+    interlock.register_strategy(spec)
+    try:
+        strategy = interlock.resolve(strategy="ddp_thirdparty_probe", devices=2, machine=CPU)
+        assert isinstance(strategy, DDPStrategy) and strategy.start_method == "fork"
+    finally:
+        registry.unregister_strategy("ddp_thirdparty_probe")
+
+
+def test_ddp_names_cover_the_launch_styles() -> None:
+    specs = interlock.strategy_specs()
+    for start_method, name in DDP_NAMES.items():
+        assert specs[name].options["start_method"] == start_method
