@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
 import interlock
@@ -98,10 +101,10 @@ def test_parts_given_to_an_instance_are_kept() -> None:
          {"plugins": [TorchCheckpointIO()]}, "plugins"),
     ],
 )
-def test_a_part_set_twice_is_a_conflict(instance: object, flags: dict[str, object],
-                                        flag: str) -> None:
+def test_a_part_set_twice_is_a_conflict(instance: Callable[[], DDPStrategy],
+                                        flags: dict[str, Any], flag: str) -> None:
     with pytest.raises(ResolutionError) as info:
-        interlock.resolve(strategy=instance(), machine=CPU, **flags)  # type: ignore[operator]
+        interlock.resolve(strategy=instance(), machine=CPU, **flags)
     assert (info.value.code, info.value.flag) == ("conflicting-flags", flag), str(info.value)
 
 
