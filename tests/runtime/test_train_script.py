@@ -125,7 +125,10 @@ def test_a_failing_rank_ends_the_job_and_is_named(tmp_path: Path, strategy: str)
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_fork"])
-def test_sigterm_to_the_parent_reaches_every_rank(tmp_path: Path, strategy: str) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_to_the_parent_reaches_every_rank(
+    tmp_path: Path, strategy: str, signum: signal.Signals
+) -> None:
     marker = str(tmp_path / "ckpt.pt")
     proc = subprocess.Popen(
         [sys.executable, str(SCRIPT), "--strategy", strategy, "--devices", "2", "--steps",
@@ -138,10 +141,10 @@ def test_sigterm_to_the_parent_reaches_every_rank(tmp_path: Path, strategy: str)
             time.sleep(0.2)
         assert len(processes_mentioning(marker)) >= 2, "the ranks never started"
         time.sleep(1.0)  # let them reach the training loop
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)  # to the parent alone, not its process group
         code = proc.wait(timeout=30)
         assert code != 0
-        assert wait_until_gone(marker, 10) == [], "ranks survived SIGTERM to their parent"
+        assert wait_until_gone(marker, 10) == [], f"ranks survived {signum.name} to their parent"
     finally:
         if proc.poll() is None:
             proc.kill()
