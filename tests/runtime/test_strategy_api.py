@@ -91,7 +91,7 @@ def test_checkpoint_state_and_a_malicious_file(tmp_path: Path) -> None:
     state: dict[str, Any] = {"model": strategy.setup_module(nn.Linear(2, 2))}
     rest = strategy.load_checkpoint(tmp_path / "c.pt", state)
     assert rest == {"note": "hi"}
-    assert torch.equal(state["model"].module.weight, model.module.weight)
+    assert torch.equal(state["model"].state_dict()["weight"], model.state_dict()["weight"])
     with pytest.raises(KeyError, match="has no entry 'optimizer'"):
         strategy.load_checkpoint(tmp_path / "c.pt", {"optimizer": None})
     torch.save({"model": _Evil()}, tmp_path / "evil.pt")
