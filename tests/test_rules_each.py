@@ -58,6 +58,9 @@ EXAMPLES: dict[str, tuple[Flags, Machine, str | None]] = {
     "flags/strategy-instance-conflict": (
         {"strategy": StandInStrategy("ddp", precision=BF16Plugin()), "precision": "16-mixed"},
         CPU, "conflicting-flags"),
+    "flags/strategy-instance-device-type": (
+        {"strategy": StandInStrategy("ddp", devices=("cpu", "cpu")), "accelerator": "cuda"},
+        ONE_GPU, "conflicting-flags"),
     "flags/adopt-instance-parts": (
         {"strategy": StandInStrategy("ddp", devices=("cpu", "cpu"))}, CPU, None),
     "flags/no-instance": ({}, CPU, None),

@@ -250,3 +250,9 @@ def test_fork_after_cuda_is_refused_with_a_clear_error(monkeypatch: pytest.Monke
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     with pytest.raises(LaunchError, match="CUDA was already initialised"):
         ddp("ddp_fork").launch(workloads.places)
+
+
+@pytest.mark.timeout(90)
+def test_a_large_result_comes_back_without_blocking() -> None:
+    result = ddp("ddp_spawn").launch(workloads.large_result)
+    assert result.shape == (1_000_000,) and float(result.sum()) == 1_000_000.0

@@ -170,6 +170,7 @@ def test_16_mixed_skips_a_step_with_an_inf_gradient_then_takes_the_next() -> Non
     backward(poison=True)
     plugin.optimizer_step(optimizer)
     assert same(before, params_of(module)), "a step with an inf gradient changed the parameters"
+    plugin.update_scale()  # the scale moves once per iteration (also done by backward)
     assert plugin.scaler.get_scale() < scale, (
         f"the scale stayed at {plugin.scaler.get_scale()} after an inf gradient (was {scale})"
     )
@@ -248,6 +249,31 @@ def test_16_mixed_unscale_then_clip_unscales_exactly_once() -> None:
     assert plugin.scaler.get_scale() == scale, (
         f"a finite step changed the scale from {scale} to {plugin.scaler.get_scale()}"
     )
+
+
+def test_16_mixed_two_optimizers_are_each_unscaled_once() -> None:
+    """Clipping both optimizers, then stepping both, must not unscale the second twice."""
+    scale = 256.0
+    torch.manual_seed(0)
+    first, second = nn.Linear(4, 4), nn.Linear(4, 1)
+    batch = torch.randn(3, 4)
+    second(first(batch)).sum().backward()
+    true_grads = [p.grad.clone() for p in second.parameters() if p.grad is not None]
+    first.zero_grad()
+    second.zero_grad()
+
+    plugin = mixed16(init_scale=scale)
+    opt1 = torch.optim.SGD(first.parameters(), lr=1.0)
+    opt2 = torch.optim.SGD(second.parameters(), lr=1.0)
+    plugin.backward(second(first(batch)).sum(), None)
+    plugin.unscale_gradients(opt1)
+    plugin.unscale_gradients(opt2)
+    plugin.optimizer_step(opt1)
+    before = params_of(second)
+    plugin.optimizer_step(opt2)
+    steps = [b - a for b, a in zip(before, params_of(second), strict=True)]
+    torch.testing.assert_close(steps, true_grads, msg=lambda m: f"the second optimizer's "
+                               f"step was not its once-unscaled gradient:\n{m}")
 
 
 def test_optimizer_step_returns_the_step_result() -> None:

@@ -99,12 +99,15 @@ def test_parts_given_to_an_instance_are_kept() -> None:
          {"plugins": [LocalEnvironment()]}, "plugins"),
         (lambda: DDPStrategy(checkpoint_io=TorchCheckpointIO()),
          {"plugins": [TorchCheckpointIO()]}, "plugins"),
+        (lambda: DDPStrategy(num_nodes=4), {"num_nodes": 2}, "num_nodes"),
+        (lambda: DDPStrategy(parallel_devices=["cpu", "cpu"]),
+         {"accelerator": "cuda", "machine": Machine(cuda_devices=2)}, "accelerator"),
     ],
 )
 def test_a_part_set_twice_is_a_conflict(instance: Callable[[], DDPStrategy],
                                         flags: dict[str, Any], flag: str) -> None:
     with pytest.raises(ResolutionError) as info:
-        interlock.resolve(strategy=instance(), machine=CPU, **flags)
+        interlock.resolve(strategy=instance(), **{"machine": CPU, **flags})
     assert (info.value.code, info.value.flag) == ("conflicting-flags", flag), str(info.value)
 
 
@@ -141,3 +144,54 @@ def test_ddp_names_cover_the_launch_styles() -> None:
     specs = interlock.strategy_specs()
     for start_method, name in DDP_NAMES.items():
         assert specs[name].options["start_method"] == start_method
+
+
+def test_an_instances_num_nodes_and_device_kind_are_adopted() -> None:
+    mine = DDPStrategy(num_nodes=2, start_method="spawn")
+    strategy = interlock.resolve(strategy=mine, accelerator="cpu", devices=2, machine=CPU)
+    assert strategy.plan is not None and strategy.plan.world_size == 4
+    assert strategy.world_size == 4
+    kinds = DDPStrategy(parallel_devices=["cpu", "cpu"])
+    assert interlock.plan(strategy=kinds, machine=Machine(cuda_devices=2)).accelerator == "cpu"
+
+
+def test_resolving_an_instance_again_follows_the_new_plan() -> None:
+    mine = DDPStrategy(start_method="fork")
+    interlock.resolve(strategy=mine, accelerator="cpu", devices=2, machine=CPU)
+    launcher = mine.launcher
+    interlock.resolve(strategy=mine, accelerator="cpu", devices=3, machine=CPU)
+    assert len(mine.parallel_devices) == 3 and mine.world_size == 3
+    assert mine.launcher is not launcher and mine.launcher is not None
+
+
+class _NotAPrecision:
+    interlock_plugin_kind = "precision"
+    precision = "32-true"
+
+
+class _NotAStrategy:
+    interlock_part_kind = "strategy"
+    name = "ddp"
+
+    def given_parts(self) -> dict[str, object]:
+        return {}
+
+
+def test_stand_ins_are_refused_when_building() -> None:
+    with pytest.raises(ResolutionError, match="does not derive from interlock"):
+        interlock.resolve(plugins=[_NotAPrecision()], machine=CPU)
+    with pytest.raises(ResolutionError, match="does not derive from interlock"):
+        interlock.resolve(strategy=_NotAStrategy(), devices=2, machine=CPU)
+
+
+def test_a_foreign_process_group_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        strategy = interlock.resolve(accelerator="cpu", devices=1, strategy="ddp", machine=CPU)
+        with pytest.raises(RuntimeError, match="did not create it"):
+            strategy.setup_environment()
+    finally:
+        dist.destroy_process_group()

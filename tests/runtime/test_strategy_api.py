@@ -92,8 +92,8 @@ def test_checkpoint_state_and_a_malicious_file(tmp_path: Path) -> None:
     rest = strategy.load_checkpoint(tmp_path / "c.pt", state)
     assert rest == {"note": "hi"}
     assert torch.equal(state["model"].state_dict()["weight"], model.state_dict()["weight"])
-    with pytest.raises(KeyError, match="has no entry 'optimizer'"):
-        strategy.load_checkpoint(tmp_path / "c.pt", {"optimizer": None})
+    with pytest.raises(CheckpointLoadError, match="has no entry 'optimizer'; it has 'model'"):
+        strategy.load_checkpoint(tmp_path / "c.pt", {"optimizer": None, "model": model})
     torch.save({"model": _Evil()}, tmp_path / "evil.pt")
     with pytest.raises(CheckpointLoadError):
         strategy.load_checkpoint(tmp_path / "evil.pt", {})

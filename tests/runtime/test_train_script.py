@@ -157,3 +157,29 @@ def test_an_impossible_request_exits_2_without_traceback() -> None:
     proc = run("--strategy", "deepspeed", timeout=60)
     assert proc.returncode == 2
     assert "[unsupported-accelerator]" in proc.stderr and "Traceback" not in proc.stderr
+
+
+TWO_LAUNCHES = """
+import sys
+import interlock
+
+def where(strategy, tag):
+    return [tag, strategy.world_size, strategy.collective.all_gather_object(strategy.global_rank)]
+
+if __name__ == "__main__":
+    strategy = interlock.resolve(accelerator="cpu", devices=2, strategy="ddp")
+    first = strategy.launch(where, "fit")
+    second = strategy.launch(where, "test")
+    if strategy.is_global_zero:
+        print(first, second)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_the_script_launcher_serves_several_launches(tmp_path: Path) -> None:
+    script = tmp_path / "two_launches.py"
+    script.write_text(TWO_LAUNCHES)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=100, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "['fit', 2, [0, 1]] ['test', 2, [0, 1]]"

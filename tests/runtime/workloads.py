@@ -176,3 +176,8 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     return bool(a == b)
+
+
+def large_result(strategy: Strategy) -> torch.Tensor:
+    """Bigger than any pipe buffer (4 MB)."""
+    return torch.ones(1_000_000)

@@ -627,7 +627,34 @@ _INSTANCE_CONFLICTS: dict[str, tuple[str, Callable[[Context], bool]]] = {
                   or c.plugins.precision is not None),
     "checkpoint_io": ("plugins", lambda c: c.plugins.checkpoint_io is not None),
     "cluster_environment": ("plugins", lambda c: c.plugins.cluster_environment is not None),
+    "num_nodes": ("num_nodes", lambda c: not (type(c.num_nodes_flag) is int
+                                             and c.num_nodes_flag == 1)),
 }
+
+
+def _instance_device_type(ctx: Context) -> str | None:
+    devices = given_parts(ctx).get("devices")
+    if isinstance(devices, tuple) and devices and isinstance(devices[0], str):
+        return devices[0].partition(":")[0]
+    return None
+
+
+def _device_type_conflict(ctx: Context) -> bool:
+    kind = _instance_device_type(ctx)
+    return (kind is not None and ctx.accelerator_input in ACCELERATOR_ROWS
+            and kind != ctx.accelerator_input)
+
+
+def _refuse_device_type(ctx: Context) -> str:
+    refuse(
+        "conflicting-flags",
+        flag="accelerator",
+        value=ctx.accelerator_flag,
+        reason=f"the strategy instance ({type(ctx.strategy_instance).__name__}) was given "
+        f"{_instance_device_type(ctx)} devices, and the accelerator is "
+        f"{ctx.accelerator_input!r}.",
+        choices=(f"accelerator={_instance_device_type(ctx)!r}", "no devices on the strategy"),
+    )
 
 
 def _instance_conflict(ctx: Context) -> str | None:
@@ -641,7 +668,8 @@ def _refuse_instance_conflict(ctx: Context) -> str:
     part = _instance_conflict(ctx) or ""
     flag = _INSTANCE_CONFLICTS[part][0]
     value = {"accelerator": ctx.accelerator_flag, "devices": ctx.devices_flag,
-             "precision": ctx.precision_flag}.get(flag, ctx.plugins_flag)
+             "precision": ctx.precision_flag, "num_nodes": ctx.num_nodes_flag}.get(
+        flag, ctx.plugins_flag)
     refuse(
         "conflicting-flags",
         flag=flag,
@@ -665,10 +693,18 @@ CONFLICTS = Decision(
     rules=(
         Rule(
             id="flags/strategy-instance-conflict",
-            doc="A part given to the strategy instance (accelerator, devices, precision, "
-            "checkpoint IO, cluster environment) is also set by a flag or plugin.",
+            doc="A part given to the strategy instance (accelerator, devices, num_nodes, "
+            "precision, checkpoint IO, cluster environment) is also set by a flag or plugin.",
             when=lambda c: _instance_conflict(c) is not None,
             then=_refuse_instance_conflict,
+            refuses="conflicting-flags",
+        ),
+        Rule(
+            id="flags/strategy-instance-device-type",
+            doc="The strategy instance's devices are of another kind than the accelerator "
+            "asked for.",
+            when=_device_type_conflict,
+            then=_refuse_device_type,
             refuses="conflicting-flags",
         ),
         Rule(
@@ -693,6 +729,13 @@ def _adopt_instance_parts(ctx: Context) -> str:
         ctx.accelerator_instance = accelerator
         ctx.accelerator_input = _instance_name(accelerator) or ""
         taken.append(f"accelerator {ctx.accelerator_input!r}")
+    kind = _instance_device_type(ctx)
+    if kind is not None and accelerator is None and kind in ACCELERATOR_ROWS:
+        ctx.accelerator_input = kind  # the instance's devices say which accelerator
+    nodes = parts.get("num_nodes")
+    if isinstance(nodes, int) and not isinstance(nodes, bool):
+        ctx.num_nodes = nodes
+        taken.append(f"num_nodes {nodes}")
     devices = parts.get("devices")
     if isinstance(devices, tuple) and devices:
         indices = [d.partition(":")[2] for d in devices]
@@ -716,8 +759,8 @@ INSTANCE_PARTS = Decision(
     rules=(
         Rule(
             id="flags/adopt-instance-parts",
-            doc="Take the instance's accelerator, devices, precision, checkpoint IO and "
-            "cluster environment.",
+            doc="Take the instance's accelerator (or its devices' kind), devices, num_nodes, "
+            "precision, checkpoint IO and cluster environment.",
             when=lambda c: c.strategy_instance is not None,
             then=_adopt_instance_parts,
         ),

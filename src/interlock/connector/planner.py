@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeAlias
 
+from interlock.connector.errors import ResolutionError
 from interlock.connector.flag_rules import FLAGS_STAGE, plugin_kind
 from interlock.connector.machine import Machine
 from interlock.connector.machine_rules import ACCELERATOR_STAGE, CLUSTER_STAGE, DEVICES_STAGE
@@ -110,13 +111,25 @@ class Plan:
         given. Otherwise the factory named by the strategy's row is a Strategy class
         with a ``from_plan(plan)`` classmethod, or any callable taking the plan.
         """
+        from interlock.strategies.base import Strategy as StrategyBase
+
         if self.strategy_instance is not None:
-            strategy: Strategy = self.strategy_instance  # type: ignore[assignment]
-            strategy.complete(self)
-            return strategy
+            if not isinstance(self.strategy_instance, StrategyBase):
+                raise ResolutionError(
+                    "unknown-strategy", flag="strategy", value=self.strategy_instance,
+                    reason=f"{type(self.strategy_instance).__name__} declares itself a "
+                    "strategy but does not derive from interlock.strategies.base.Strategy.",
+                )
+            self.strategy_instance.complete(self)
+            return self.strategy_instance
         factory = load_factory(self.spec)
         builder = getattr(factory, "from_plan", None)
         strategy = builder(self) if builder is not None else factory(self)
+        if not isinstance(strategy, StrategyBase):
+            raise TypeError(
+                f"the factory of strategy {self.spec.name!r} ({self.spec.factory}) returned "
+                f"{type(strategy).__name__}, not an interlock Strategy"
+            )
         strategy.plan = self
         return strategy
 

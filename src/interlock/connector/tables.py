@@ -23,6 +23,8 @@ class PrecisionRow:
         param_dtype: dtype the parameters are stored in.
         compute_dtype: dtype the forward pass computes in.
         scaler: whether a gradient scaler is used.
+        plugin: the precision plugin family that implements it (``true``, ``double``,
+            ``half``, ``mixed``, ``transformer_engine``).
         requires: optional packages it needs.
         description: one line for the docs.
     """
@@ -31,6 +33,7 @@ class PrecisionRow:
     param_dtype: str
     compute_dtype: str
     scaler: bool
+    plugin: str
     requires: tuple[str, ...] = ()
     description: str
 
@@ -38,35 +41,43 @@ class PrecisionRow:
 PRECISIONS: tuple[PrecisionRow, ...] = (
     PrecisionRow(
         name="64-true", param_dtype="float64", compute_dtype="float64", scaler=False,
+        plugin="double",
         description="double precision parameters and compute",
     ),
     PrecisionRow(
         name="32-true", param_dtype="float32", compute_dtype="float32", scaler=False,
+        plugin="true",
         description="full single precision (the default)",
     ),
     PrecisionRow(
         name="16-true", param_dtype="float16", compute_dtype="float16", scaler=False,
+        plugin="half",
         description="parameters and compute in float16, no scaler",
     ),
     PrecisionRow(
         name="bf16-true", param_dtype="bfloat16", compute_dtype="bfloat16", scaler=False,
+        plugin="half",
         description="parameters and compute in bfloat16",
     ),
     PrecisionRow(
         name="16-mixed", param_dtype="float32", compute_dtype="float16", scaler=True,
+        plugin="mixed",
         description="float32 parameters, float16 autocast, gradient scaler",
     ),
     PrecisionRow(
         name="bf16-mixed", param_dtype="float32", compute_dtype="bfloat16", scaler=False,
+        plugin="mixed",
         description="float32 parameters, bfloat16 autocast",
     ),
     PrecisionRow(
         name="transformer-engine", param_dtype="bfloat16", compute_dtype="float8",
+        plugin="transformer_engine",
         scaler=False, requires=("transformer_engine",),
         description="NVIDIA Transformer Engine FP8 layers, bfloat16 elsewhere",
     ),
     PrecisionRow(
         name="transformer-engine-float16", param_dtype="float16", compute_dtype="float8",
+        plugin="transformer_engine",
         scaler=False, requires=("transformer_engine",),
         description="NVIDIA Transformer Engine FP8 layers, float16 elsewhere",
     ),
@@ -110,12 +121,14 @@ class AcceleratorRow:
         precisions: precisions this accelerator can compute in.
         requires: optional packages needed to use it.
         max_devices: devices per node at most, when fixed by the hardware kind.
+        backend: the torch.distributed backend its processes use.
         description: one line for the docs.
     """
 
     name: str
     machine_fact: str | None
     precisions: frozenset[str]
+    backend: str
     requires: tuple[str, ...] = ()
     max_devices: int | None = None
     description: str
@@ -123,21 +136,21 @@ class AcceleratorRow:
 
 ACCELERATORS: tuple[AcceleratorRow, ...] = (
     AcceleratorRow(
-        name="cpu", machine_fact=None, precisions=NUMERIC_PRECISIONS,
+        name="cpu", machine_fact=None, precisions=NUMERIC_PRECISIONS, backend="gloo",
         description="CPU processes; gloo for collectives",
     ),
     AcceleratorRow(
-        name="cuda", machine_fact="cuda_devices",
+        name="cuda", machine_fact="cuda_devices", backend="nccl",
         precisions=frozenset(PRECISION_NAMES),
         description="NVIDIA (or ROCm) GPUs; nccl for collectives",
     ),
     AcceleratorRow(
-        name="mps", machine_fact="mps_available", max_devices=1,
+        name="mps", machine_fact="mps_available", max_devices=1, backend="gloo",
         precisions=NUMERIC_PRECISIONS - {"64-true"},
         description="Apple silicon GPU through Metal (one device, no float64)",
     ),
     AcceleratorRow(
-        name="xla", machine_fact="xla_devices", requires=("torch_xla",),
+        name="xla", machine_fact="xla_devices", requires=("torch_xla",), backend="xla",
         precisions=frozenset(("32-true", "16-true", "bf16-true")),
         description="TPU cores (or other PJRT devices) through torch_xla",
     ),

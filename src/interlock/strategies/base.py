@@ -21,10 +21,11 @@ from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.collectives import Collective, ReduceOp
 from interlock.strategies.environments import ClusterEnvironment, LocalEnvironment
 from interlock.strategies.init_context import empty_init_context
-from interlock.strategies.io import CheckpointIO, TorchCheckpointIO
+from interlock.strategies.io import CheckpointIO, CheckpointLoadError, TorchCheckpointIO
 from interlock.strategies.launchers import Launcher
 from interlock.strategies.launchers.base import mark_failure_time
 from interlock.strategies.module_wrapper import StrategyModule, move_to_device, unwrap
+from interlock.strategies.parts import parts_from_plan
 from interlock.strategies.precision import Precision
 
 if TYPE_CHECKING:
@@ -60,18 +61,18 @@ class Strategy(ABC):
         checkpoint_io: CheckpointIO | None = None,
         cluster_environment: ClusterEnvironment | None = None,
     ) -> None:
+        # what the user passed; the engine refuses a flag that sets the same part
         self._given: dict[str, object] = {
             name: part for name, part in (
                 ("accelerator", accelerator), ("precision", precision),
                 ("checkpoint_io", checkpoint_io), ("cluster_environment", cluster_environment),
             ) if part is not None
         }
+        # parts not given are made on first use, or come from the plan in complete()
         self._accelerator = accelerator
-        self._precision = precision if precision is not None else Precision()
-        self._checkpoint_io = checkpoint_io if checkpoint_io is not None else TorchCheckpointIO()
-        self._cluster = cluster_environment if cluster_environment is not None else (
-            LocalEnvironment()
-        )
+        self._precision = precision
+        self._checkpoint_io = checkpoint_io
+        self._cluster = cluster_environment
         self._launcher: Launcher | None = None
         self.plan: Plan | None = None
 
@@ -85,22 +86,25 @@ class Strategy(ABC):
         return dict(self._given)
 
     def complete(self, plan: Plan) -> None:
-        """Fill in every part not given at construction from ``plan``, and keep it."""
-        from interlock.strategies.parts import parts_from_plan
+        """Fill in every part not given at construction from ``plan``, and keep it.
 
+        Called again with another plan, it replaces what the previous plan filled in
+        and keeps what the constructor was given.
+        """
         for name, part in parts_from_plan(plan).items():
             if name not in self._given:
                 setattr(self, "_cluster" if name == "cluster_environment" else f"_{name}",
                         part)
         self._place(plan)
         self.plan = plan
-        self._configure()
+        self._launcher = None  # derived again from the new parts on first use
 
     def _place(self, plan: Plan) -> None:  # noqa: B027 - optional hook
         """Take devices and nodes from ``plan`` where the constructor did not give them."""
 
-    def _configure(self) -> None:  # noqa: B027 - optional hook
-        """Derive what depends on the parts (the launcher) once they are all known."""
+    def _make_launcher(self) -> Launcher | None:
+        """The launcher for the current parts; None runs in the calling process."""
+        return None
 
     # ----------------------------------------------------------------- parts
 
@@ -115,20 +119,28 @@ class Strategy(ABC):
 
     @property
     def precision(self) -> Precision:
+        if self._precision is None:
+            self._precision = Precision()
         return self._precision
 
     @property
     def checkpoint_io(self) -> CheckpointIO:
+        if self._checkpoint_io is None:
+            self._checkpoint_io = TorchCheckpointIO()
         return self._checkpoint_io
 
     @property
     def launcher(self) -> Launcher | None:
         """How processes are created; None when the strategy runs in the caller."""
+        if self._launcher is None:
+            self._launcher = self._make_launcher()
         return self._launcher
 
     @property
     def cluster_environment(self) -> ClusterEnvironment:
         """Where ranks and the rendezvous address come from."""
+        if self._cluster is None:
+            self._cluster = LocalEnvironment()
         return self._cluster
 
     @property
@@ -168,9 +180,10 @@ class Strategy(ABC):
     def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Start the processes, set each up, run ``fn(strategy, *args, **kwargs)`` in
         every one, tear each down, and return rank 0's result."""
-        if self._launcher is None:
+        launcher = self.launcher
+        if launcher is None:
             return _run_worker(self, fn, args, kwargs)
-        result: T = self._launcher.launch(_run_worker, self, fn, args, kwargs)
+        result: T = launcher.launch(_run_worker, self, fn, args, kwargs)
         return result
 
     @abstractmethod
@@ -179,10 +192,12 @@ class Strategy(ABC):
 
     def teardown(self) -> None:
         """Release everything `setup_environment` created; safe to call twice."""
-        self._precision.teardown()
+        if self._precision is not None:
+            self._precision.teardown()
         if self._accelerator is not None:
             self._accelerator.teardown()
-        self._checkpoint_io.teardown()
+        if self._checkpoint_io is not None:
+            self._checkpoint_io.teardown()
 
     # ----------------------------------------------------------------- modules
 
@@ -192,8 +207,8 @@ class Strategy(ABC):
         The result's forward runs under the precision's forward context with input
         and output conversion; its state dict is the original module's.
         """
-        module = self.module_to_device(self._precision.convert_module(module))
-        return StrategyModule(self._wrap_module(module), module, self._precision)
+        module = self.module_to_device(self.precision.convert_module(module))
+        return StrategyModule(self._wrap_module(module), module, self.precision)
 
     def _wrap_module(self, module: nn.Module) -> nn.Module:
         return module
@@ -212,7 +227,7 @@ class Strategy(ABC):
     @contextlib.contextmanager
     def tensor_init_context(self) -> Iterator[None]:
         """New tensors are created on the root device, in the precision's dtype."""
-        with self.root_device, self._precision.tensor_init_context():
+        with self.root_device, self.precision.tensor_init_context():
             yield
 
     @contextlib.contextmanager
@@ -221,7 +236,7 @@ class Strategy(ABC):
         ``empty_init=True`` parameters are left uninitialised (to be loaded)."""
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.root_device)
-            stack.enter_context(self._precision.module_init_context())
+            stack.enter_context(self.precision.module_init_context())
             if empty_init:
                 stack.enter_context(empty_init_context())
             yield
@@ -230,21 +245,21 @@ class Strategy(ABC):
 
     def backward(self, loss: torch.Tensor, module: nn.Module | None = None, *args: Any,
                  **kwargs: Any) -> None:
-        self._precision.backward(loss, module, *args, **kwargs)
+        self.precision.backward(loss, module, *args, **kwargs)
 
     def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
-        return self._precision.optimizer_step(optimizer, **kwargs)
+        return self.precision.optimizer_step(optimizer, **kwargs)
 
     def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float,
                             norm_type: float = 2.0) -> torch.Tensor:
         """Clip the gradients' total norm (unscaled first); returns the norm before."""
-        self._precision.unscale_gradients(optimizer)
+        self.precision.unscale_gradients(optimizer)
         return torch.nn.utils.clip_grad_norm_(unwrap(module).parameters(), max_norm,
                                               norm_type=norm_type)
 
     def clip_gradients_value(self, module: nn.Module, optimizer: Optimizer,
                              clip_value: float) -> None:
-        self._precision.unscale_gradients(optimizer)
+        self.precision.unscale_gradients(optimizer)
         torch.nn.utils.clip_grad_value_(unwrap(module).parameters(), clip_value)
 
     @contextlib.contextmanager
@@ -283,27 +298,32 @@ class Strategy(ABC):
         """Save modules, optimizers, the precision's state and plain values (rank 0
         writes, atomically; every rank waits for it)."""
         checkpoint = {name: _state_of(value) for name, value in state.items()}
-        precision_state = self._precision.state_dict()
+        precision_state = self.precision.state_dict()
         if precision_state:
             checkpoint[PRECISION_KEY] = precision_state
         if self.is_global_zero:
-            self._checkpoint_io.save_checkpoint(checkpoint, path)
+            self.checkpoint_io.save_checkpoint(checkpoint, path)
         self.barrier()
 
     def load_checkpoint(self, path: str | Path, state: dict[str, Any],
                         *, weights_only: bool = True) -> dict[str, Any]:
         """Restore modules and optimizers of ``state`` in place, set its plain values,
         and return the checkpoint entries ``state`` did not name."""
-        checkpoint = self._checkpoint_io.load_checkpoint(
+        checkpoint = self.checkpoint_io.load_checkpoint(
             path, map_location="cpu", weights_only=weights_only
         )
+        missing = sorted(name for name in state if name not in checkpoint)
+        if missing:
+            # refuse before restoring anything: no half-loaded state
+            raise CheckpointLoadError(
+                str(path), f"checkpoint {str(path)!r} has no entr"
+                f"{'y' if len(missing) == 1 else 'ies'} {', '.join(map(repr, missing))}; it has "
+                f"{', '.join(map(repr, sorted(k for k in checkpoint if k != PRECISION_KEY)))}"
+            )
         precision_state = checkpoint.pop(PRECISION_KEY, None)
         if precision_state is not None:
-            self._precision.load_state_dict(precision_state)
+            self.precision.load_state_dict(precision_state)
         for name, target in state.items():
-            if name not in checkpoint:
-                raise KeyError(f"checkpoint {str(path)!r} has no entry {name!r}; it has "
-                               f"{sorted(checkpoint)}")
             value = checkpoint.pop(name)
             if isinstance(target, nn.Module):
                 unwrap(target).load_state_dict(value)
@@ -325,8 +345,8 @@ def _state_of(value: Any) -> Any:
 def _run_worker(strategy: Strategy, fn: Callable[..., T], args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> T:
     """What every process runs: set up, call the user's function, tear down."""
-    strategy.setup_environment()
     try:
+        strategy.setup_environment()
         return fn(strategy, *args, **kwargs)
     except BaseException as exc:
         # when it failed, before teardown closes connections and makes peers fail too

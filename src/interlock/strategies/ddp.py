@@ -11,6 +11,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from interlock.connector.builtin import BUILTIN_STRATEGIES
+from interlock.connector.tables import LAUNCHER_ROWS
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.environments import ClusterEnvironment
 from interlock.strategies.io import CheckpointIO
@@ -27,9 +29,19 @@ from interlock.strategies.precision import Precision
 if TYPE_CHECKING:
     from interlock.connector.planner import Plan
 
-#: start method -> the registry name of that launch style
-DDP_NAMES = {"popen": "ddp", "spawn": "ddp_spawn", "fork": "ddp_fork",
-             "forkserver": "ddp_forkserver"}
+#: start method -> the registry name of that launch style: the first built-in DDP row
+#: (in table order, presets left out) with that start method
+DDP_NAMES: dict[str, str] = {}
+for _spec in BUILTIN_STRATEGIES:
+    if _spec.family == "ddp" and _spec.variant_of is None:
+        DDP_NAMES.setdefault(str(_spec.options["start_method"]), _spec.name)
+del _spec
+
+#: start method -> launcher name, from the same rows
+_LAUNCHER_OF = {
+    str(s.options["start_method"]): str(s.launcher)
+    for s in BUILTIN_STRATEGIES if s.family == "ddp" and s.launcher is not None
+}
 
 
 class DDPStrategy(ParallelStrategy):
@@ -80,8 +92,6 @@ class DDPStrategy(ParallelStrategy):
             "gradient_as_bucket_view": gradient_as_bucket_view,
             **ddp_kwargs,
         }
-        if self.parallel_devices and accelerator is not None:
-            self._configure()  # wired by hand: ready to launch
 
     @classmethod
     def from_plan(cls, plan: Plan) -> DDPStrategy:
@@ -90,9 +100,6 @@ class DDPStrategy(ParallelStrategy):
         strategy.complete(plan)
         return strategy
 
-    def _configure(self) -> None:
-        self._launcher = self._make_launcher()
-
     @property
     def name(self) -> str:
         """The registry name: its plan's, else that of its launch style."""
@@ -100,7 +107,9 @@ class DDPStrategy(ParallelStrategy):
 
     def _make_launcher(self) -> Launcher:
         cluster = self.cluster_environment
-        if cluster.creates_processes_externally:
+        # the plan's launcher when there is a plan, else the table's for the start method
+        name = self.plan.launcher if self.plan is not None else _LAUNCHER_OF[self.start_method]
+        if name == "external" or (name != "subprocess" and cluster.creates_processes_externally):
             return ExternalLauncher()
         where: dict[str, Any] = {
             "num_processes": self.num_processes,
@@ -109,9 +118,11 @@ class DDPStrategy(ParallelStrategy):
             "main_address": cluster.main_address,
             "main_port": cluster.main_port,
         }
-        if self.start_method == "popen":
+        if name == "subprocess":
+            # also in the script launcher's own children, which it recognises and serves
             return SubprocessScriptLauncher(**where)
-        return MultiProcessingLauncher(start_method=self.start_method, **where)
+        start_method = LAUNCHER_ROWS[str(name)].start_method
+        return MultiProcessingLauncher(start_method=str(start_method), **where)
 
     def _wrap_module(self, module: nn.Module) -> nn.Module:
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from interlock.connector.tables import ACCELERATOR_ROWS
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.base import Strategy
 from interlock.strategies.collectives import Collective, TorchCollective
@@ -48,7 +49,8 @@ class ParallelStrategy(Strategy):
         self.parallel_devices = [torch.device(d) for d in parallel_devices or ()]
         if self.parallel_devices:
             self._given["devices"] = tuple(str(d) for d in self.parallel_devices)
-        self._num_nodes_given = num_nodes is not None
+        if num_nodes is not None:
+            self._given["num_nodes"] = num_nodes
         self.num_nodes = num_nodes or 1
         self._backend = backend
         self.timeout = timeout
@@ -56,9 +58,10 @@ class ParallelStrategy(Strategy):
         self._exported: dict[str, str | None] | None = None
 
     def _place(self, plan: Plan) -> None:
-        if not self.parallel_devices:
+        # what the constructor was not given follows the (latest) plan
+        if "devices" not in self._given:
             self.parallel_devices = [torch.device(d) for d in plan.parallel_devices]
-        if not self._num_nodes_given:
+        if "num_nodes" not in self._given:
             self.num_nodes = plan.num_nodes
 
     @property
@@ -70,7 +73,7 @@ class ParallelStrategy(Strategy):
         """gloo for cpu, nccl for cuda, unless given."""
         if self._backend is not None:
             return self._backend
-        return "nccl" if self.parallel_devices[0].type == "cuda" else "gloo"
+        return ACCELERATOR_ROWS[self.parallel_devices[0].type].backend
 
     @property
     def num_processes(self) -> int:
@@ -78,15 +81,15 @@ class ParallelStrategy(Strategy):
 
     @property
     def global_rank(self) -> int:
-        return self._cluster.global_rank()
+        return self.cluster_environment.global_rank()
 
     @property
     def local_rank(self) -> int:
-        return self._cluster.local_rank()
+        return self.cluster_environment.local_rank()
 
     @property
     def node_rank(self) -> int:
-        return self._cluster.node_rank()
+        return self.cluster_environment.node_rank()
 
     @property
     def world_size(self) -> int:
@@ -97,9 +100,15 @@ class ParallelStrategy(Strategy):
         return self.parallel_devices[self.local_rank]
 
     def setup_environment(self) -> None:
+        if self._collective.owns_group:
+            return  # set up already: idempotent
         if self._collective.is_initialized:
-            return
-        self._cluster.validate_settings(self.num_processes, self.num_nodes)
+            raise RuntimeError(
+                "a torch.distributed process group already exists in this process and "
+                "this strategy did not create it; destroy it (or tear the other strategy "
+                "down) before setting this one up"
+            )
+        self.cluster_environment.validate_settings(self.num_processes, self.num_nodes)
         self.accelerator.setup_device(self.root_device)
         rendezvous = os.environ.get(RENDEZVOUS_ENV)
         if rendezvous:
@@ -110,8 +119,8 @@ class ParallelStrategy(Strategy):
                                    timeout=self.timeout)
             return
         # Processes made by a cluster launcher: torch's env:// rendezvous.
-        self._export({"MASTER_ADDR": self._cluster.main_address,
-                      "MASTER_PORT": str(self._cluster.main_port)})
+        cluster = self.cluster_environment
+        self._export({"MASTER_ADDR": cluster.main_address, "MASTER_PORT": str(cluster.main_port)})
         self._collective.setup(backend=self.backend, rank=self.global_rank,
                                world_size=self.world_size, timeout=self.timeout)
 
@@ -129,5 +138,6 @@ class ParallelStrategy(Strategy):
                 else:
                     os.environ[key] = old
             self._exported = None
-        self._cluster.teardown()
+        if self._cluster is not None:
+            self._cluster.teardown()
         super().teardown()

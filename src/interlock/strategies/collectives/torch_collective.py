@@ -59,6 +59,11 @@ class TorchCollective(Collective):
         self._created = False
 
     @property
+    def owns_group(self) -> bool:
+        """Whether this object created the default process group that exists now."""
+        return self._created and dist.is_initialized()
+
+    @property
     def rank(self) -> int:
         return dist.get_rank()
 

@@ -7,11 +7,13 @@ import os
 import pickle
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.multiprocessing as mp
 
+from interlock.connector.tables import LAUNCHERS
 from interlock.strategies.launchers.base import (
     ERROR_FILE_ENV,
     Launcher,
@@ -30,7 +32,10 @@ from interlock.strategies.launchers.base import (
 )
 from interlock.strategies.launchers.rendezvous import host_store, release_store
 
-START_METHODS = ("spawn", "fork", "forkserver")
+#: the start methods of the multiprocessing launchers in the engine's launcher table
+START_METHODS = tuple(
+    r.start_method for r in LAUNCHERS if r.start_method is not None and r.name == r.start_method
+)
 
 
 class MultiProcessingLauncher(Launcher):
@@ -75,8 +80,6 @@ class MultiProcessingLauncher(Launcher):
             rendezvous, hosted = f"{self.main_address}:{self.main_port}", False
         else:
             rendezvous, hosted = host_store(self.main_address), True
-        ctx = mp.get_context(self.start_method)
-        results = ctx.SimpleQueue()
         world_size = self.num_processes * self.num_nodes
         process_context = None
         errors = tempfile.TemporaryDirectory(prefix="interlock-ranks-")
@@ -84,7 +87,7 @@ class MultiProcessingLauncher(Launcher):
             with sigterm_as_exception():
                 process_context = mp.start_processes(  # type: ignore[no-untyped-call]
                     _worker,
-                    args=(entry, args, kwargs, results, self.node_rank, self.num_processes,
+                    args=(entry, args, kwargs, self.node_rank, self.num_processes,
                           world_size, rendezvous, not hosted, self.start_method,
                           errors.name,
                           # a forkserver child's parent is the server, not this process
@@ -94,6 +97,10 @@ class MultiProcessingLauncher(Launcher):
                     start_method=self.start_method,
                 )
                 _join(process_context, self.node_rank * self.num_processes, errors.name)
+                result_file = Path(errors.name, "result.pkl")
+                if not result_file.exists():
+                    raise RankFailedError(0, "rank 0 exited without a result")
+                return pickle.loads(result_file.read_bytes())
         except _Terminate:
             _stop(process_context)
             raise SystemExit(exit_code_for_terminate()) from None
@@ -104,9 +111,6 @@ class MultiProcessingLauncher(Launcher):
             errors.cleanup()
             if hosted:
                 release_store(rendezvous)
-        if results.empty():
-            raise RankFailedError(0, "rank 0 returned no result (it exited without one)")
-        return pickle.loads(results.get())
 
 
 def _join(context: Any, first_rank: int, errors: str, grace: float = 2.0) -> None:
@@ -142,7 +146,7 @@ def _stop(context: Any, grace: float = 5.0) -> None:
 
 
 def _worker(local_rank: int, entry: WorkerEntry, args: tuple[Any, ...],
-            kwargs: dict[str, Any], results: Any, node_rank: int, num_processes: int,
+            kwargs: dict[str, Any], node_rank: int, num_processes: int,
             world_size: int, rendezvous: str, rank0_serves: bool, start_method: str,
             errors: str, parent_pid: int | None) -> None:
     die_with_parent()
@@ -158,6 +162,10 @@ def _worker(local_rank: int, entry: WorkerEntry, args: tuple[Any, ...],
     )
     result = run_recording_errors(entry, args, kwargs)
     if rank == 0:
-        # Plain pickle copies tensor data into the message; torch's queue reducers would
-        # share it through this process, which exits before the parent reads it.
-        results.put(pickle.dumps(result))
+        # A file, not a pipe: the parent reads it after the workers exit, so a result
+        # larger than a pipe buffer cannot block rank 0. Plain pickle copies tensor
+        # data (torch's queue reducers would share it through this exiting process).
+        path = Path(errors, "result.pkl")
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(pickle.dumps(result))
+        tmp.replace(path)

@@ -100,8 +100,10 @@ class SubprocessScriptLauncher(Launcher):
         self.main_port = main_port
 
     def launch(self, entry: WorkerEntry, *args: Any, **kwargs: Any) -> Any:
+        global _launches
+        index, _launches = _launches, _launches + 1
         if RENDEZVOUS_ENV in os.environ and "LOCAL_RANK" in os.environ:
-            return run_recording_errors(entry, args, kwargs)
+            return _run_as_child(index, entry, args, kwargs)
         world_size = self.num_processes * self.num_nodes
         if self.num_nodes > 1:
             # every node must agree on the address: a fixed port, rank 0 serves it
@@ -114,7 +116,8 @@ class SubprocessScriptLauncher(Launcher):
         else:
             rendezvous, hosted = host_store(self.main_address), True
         host, _, port = rendezvous.rpartition(":")
-        own = {"RANK": str(self.node_rank * self.num_processes), "LOCAL_RANK": "0",
+        own = {LAUNCH_INDEX_ENV: str(index),
+               "RANK": str(self.node_rank * self.num_processes), "LOCAL_RANK": "0",
                "NODE_RANK": str(self.node_rank),
                "WORLD_SIZE": str(world_size), "MASTER_ADDR": host, "MASTER_PORT": port,
                RENDEZVOUS_ENV: rendezvous, RANK0_SERVES_ENV: "0" if hosted else "1"}
@@ -156,6 +159,9 @@ class SubprocessScriptLauncher(Launcher):
             watcher.stop()
         try:
             _wait(children)
+        except _Terminate:
+            _stop(children)
+            raise SystemExit(exit_code_for_terminate()) from None
         except BaseException:
             _stop(children)
             raise
@@ -178,6 +184,25 @@ class SubprocessScriptLauncher(Launcher):
                 command + hydra_overrides(local_rank), env=env, preexec_fn=die_with_parent,
             )
         return children
+
+
+#: How many launches this process has made; a child started for rank 0's n-th launch
+#: skips its own earlier ones and exits after the n-th, so every launch of the script
+#: gets ranks that run the same function.
+_launches = 0
+LAUNCH_INDEX_ENV = "INTERLOCK_LAUNCH_INDEX"
+
+
+def _run_as_child(index: int, entry: WorkerEntry, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> Any:
+    target = int(os.environ.get(LAUNCH_INDEX_ENV, "0"))
+    if index < target:
+        return None  # rank 0's earlier launch, served by earlier children
+    if index > target:
+        raise LaunchError("internal error: a child of the script launcher ran past its launch")
+    run_recording_errors(entry, args, kwargs)
+    # Rank 0 serves any later launch with new children; this one is done.
+    raise SystemExit(0)
 
 
 class _Watcher(threading.Thread):

@@ -6,7 +6,7 @@ imports ``transformer_engine`` until a Transformer Engine plugin is created.
 
 from __future__ import annotations
 
-from interlock.connector.tables import ACCELERATOR_NAMES, PRECISION_NAMES
+from interlock.connector.tables import ACCELERATOR_NAMES, PRECISION_NAMES, PRECISION_ROWS
 from interlock.strategies.precision.base import Precision
 from interlock.strategies.precision.double import DoublePrecision
 from interlock.strategies.precision.half import HalfPrecision
@@ -47,17 +47,22 @@ def precision_for(name: str, device_type: str) -> Precision:
             f"precision_for(device_type={device_type!r}): expected one of "
             f"{', '.join(map(repr, ACCELERATOR_NAMES))}"
         )
-    if name == "32-true":
+    row = PRECISION_ROWS.get(name)
+    if row is None:
+        raise ValueError(
+            f"precision_for(name={name!r}): expected a canonical precision, one of "
+            f"{', '.join(map(repr, PRECISION_NAMES))}"
+        )
+    # which plugin family implements a precision is a table fact (PrecisionRow.plugin)
+    family = row.plugin
+    if family == "true":
         return Precision()
-    if name == "64-true":
+    if family == "double":
         return DoublePrecision()
-    if name in ("16-true", "bf16-true"):
+    if family == "half":
         return HalfPrecision(name)
-    if name in ("16-mixed", "bf16-mixed"):
+    if family == "mixed":
         return MixedPrecision(name, device_type)
-    if name in ("transformer-engine", "transformer-engine-float16"):
+    if family == "transformer_engine":
         return TransformerEnginePrecision(name)
-    raise ValueError(
-        f"precision_for(name={name!r}): expected a canonical precision, one of "
-        f"{', '.join(map(repr, PRECISION_NAMES))}"
-    )
+    raise RuntimeError(f"internal error: no plugin family {family!r} for {name!r}")

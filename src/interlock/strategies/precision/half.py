@@ -7,11 +7,13 @@ from types import MappingProxyType
 
 import torch
 
+from interlock.connector.tables import PRECISIONS
 from interlock.strategies.precision.true import TruePrecision
 
-#: the precisions this plugin implements and the dtype each one uses
+#: the precisions this plugin implements and the dtype each one uses (read from the
+#: engine's precision table)
 HALF_DTYPES: Mapping[str, torch.dtype] = MappingProxyType(
-    {"16-true": torch.float16, "bf16-true": torch.bfloat16}
+    {r.name: getattr(torch, r.param_dtype) for r in PRECISIONS if r.plugin == "half"}
 )
 
 

@@ -11,15 +11,19 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from interlock.connector.tables import ACCELERATORS, PRECISIONS
 from interlock.strategies.precision.base import Precision
 from interlock.strategies.precision.utils import cast_floating
 
-#: the precisions this plugin implements and the autocast dtype each one uses
+#: the precisions this plugin implements and the autocast dtype each one uses (read
+#: from the engine's precision table)
 MIXED_DTYPES: Mapping[str, torch.dtype] = MappingProxyType(
-    {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
+    {r.name: getattr(torch, r.compute_dtype) for r in PRECISIONS if r.plugin == "mixed"}
 )
-#: device types autocast and the gradient scaler are used with here
-MIXED_DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda", "mps")
+#: device types whose accelerator supports a mixed precision (the engine's table)
+MIXED_DEVICE_TYPES: tuple[str, ...] = tuple(
+    a.name for a in ACCELERATORS if a.precisions & set(MIXED_DTYPES)
+)
 
 
 class MixedPrecision(Precision):
@@ -64,6 +68,8 @@ class MixedPrecision(Precision):
             self.scaler = torch.amp.GradScaler(device_type)
         # optimizers whose gradients were unscaled since the scaler's last update
         self._unscaled: set[int] = set()
+        # whether an optimizer stepped since the scaler's last update
+        self._stepped = False
 
     def convert_output(self, data: Any) -> Any:
         """Cast floating tensors in the output to the caller's default dtype (float32)."""
@@ -79,21 +85,30 @@ class MixedPrecision(Precision):
                  **kwargs: Any) -> None:
         """Backpropagate the loss, scaled first when there is a scaler."""
         if self.scaler is not None:
+            self.update_scale()
             tensor = self.scaler.scale(tensor)
         super().backward(tensor, module, *args, **kwargs)
 
     def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
-        """Step through the scaler, then update its scale.
+        """Step through the scaler (which skips the step on inf or NaN gradients).
 
-        The scaler skips the step when a gradient is inf or NaN and lowers the
-        scale; the step's return value (None when skipped) is passed through.
+        The scale is updated once per iteration, before the next backward (or when
+        the state is read), not after each optimizer: with several optimizers an
+        update in between would unscale the later ones with the wrong scale. The
+        step's return value (None when skipped) is passed through.
         """
         if self.scaler is None:
             return optimizer.step(**kwargs)
         result = self.scaler.step(optimizer, **kwargs)
-        self.scaler.update()
-        self._unscaled.clear()
+        self._stepped = True
         return result
+
+    def update_scale(self) -> None:
+        """Apply the pending scale update of the last iteration, if any."""
+        if self.scaler is not None and self._stepped:
+            self.scaler.update()
+            self._unscaled.clear()
+            self._stepped = False
 
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         """Unscale ``optimizer``'s gradients in place (before clipping).
@@ -108,7 +123,10 @@ class MixedPrecision(Precision):
 
     def state_dict(self) -> dict[str, Any]:
         """The scaler's state under ``"scaler"``; empty without a scaler."""
-        return {} if self.scaler is None else {"scaler": self.scaler.state_dict()}
+        if self.scaler is None:
+            return {}
+        self.update_scale()
+        return {"scaler": self.scaler.state_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the scaler's state, if both the plugin and ``state_dict`` have one.
@@ -118,3 +136,6 @@ class MixedPrecision(Precision):
         """
         if self.scaler is not None and "scaler" in state_dict:
             self.scaler.load_state_dict(state_dict["scaler"])
+            # the loaded state replaces the current iteration's pending update
+            self._stepped = False
+            self._unscaled.clear()
