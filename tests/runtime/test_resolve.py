@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -165,12 +165,12 @@ def test_resolving_an_instance_again_follows_the_new_plan() -> None:
 
 
 class _NotAPrecision:
-    interlock_plugin_kind = "precision"
+    interlock_plugin_kind: ClassVar[str] = "precision"
     precision = "32-true"
 
 
 class _NotAStrategy:
-    interlock_part_kind = "strategy"
+    interlock_part_kind: ClassVar[str] = "strategy"
     name = "ddp"
 
     def given_parts(self) -> dict[str, object]:

@@ -30,7 +30,7 @@ from interlock.strategies.launchers.base import (
     set_worker_environment,
     sigterm_as_exception,
 )
-from interlock.strategies.launchers.rendezvous import host_store, release_store
+from interlock.strategies.launchers.rendezvous import choose_rendezvous, release_store
 
 #: the start methods of the multiprocessing launchers in the engine's launcher table
 START_METHODS = tuple(
@@ -70,16 +70,8 @@ class MultiProcessingLauncher(Launcher):
                 "and a forked child cannot use it. Use strategy='ddp_spawn' (or "
                 "'ddp'), or avoid touching CUDA before launch()."
             )
-        if self.num_nodes > 1:
-            # every node must agree on the address: a fixed port, global rank 0 serves it
-            if not self.main_port:
-                raise LaunchError(
-                    "a multi-node job started without a cluster launcher needs MASTER_ADDR "
-                    "and MASTER_PORT set identically on every node"
-                )
-            rendezvous, hosted = f"{self.main_address}:{self.main_port}", False
-        else:
-            rendezvous, hosted = host_store(self.main_address), True
+        rendezvous, hosted = choose_rendezvous(self.num_nodes, self.main_address,
+                                               self.main_port)
         world_size = self.num_processes * self.num_nodes
         process_context = None
         errors = tempfile.TemporaryDirectory(prefix="interlock-ranks-")

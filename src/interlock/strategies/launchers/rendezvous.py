@@ -42,3 +42,19 @@ def connect_store(rendezvous: str, timeout: datetime.timedelta,
     if hosted is not None and hosted[0] == os.getpid():
         return hosted[1]
     return dist.TCPStore(host, port, None, serve, timeout=timeout, wait_for_workers=False)
+
+
+def choose_rendezvous(num_nodes: int, main_address: str, main_port: int) -> tuple[str, bool]:
+    """``("host:port", hosted)`` for a launch: one node hosts a store here on a port the
+    kernel picks; several nodes must agree on a fixed address, served by global rank 0.
+    """
+    if num_nodes > 1:
+        if not main_port:
+            from interlock.strategies.launchers.base import LaunchError
+
+            raise LaunchError(
+                "a multi-node job started without a cluster launcher needs MASTER_ADDR and "
+                "MASTER_PORT set identically on every node"
+            )
+        return f"{main_address}:{main_port}", False
+    return host_store(main_address), True

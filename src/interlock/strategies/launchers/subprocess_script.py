@@ -32,7 +32,7 @@ from interlock.strategies.launchers.base import (
     run_recording_errors,
     sigterm_as_exception,
 )
-from interlock.strategies.launchers.rendezvous import host_store, release_store
+from interlock.strategies.launchers.rendezvous import choose_rendezvous, release_store
 
 
 def script_command() -> list[str]:
@@ -105,16 +105,8 @@ class SubprocessScriptLauncher(Launcher):
         if RENDEZVOUS_ENV in os.environ and "LOCAL_RANK" in os.environ:
             return _run_as_child(index, entry, args, kwargs)
         world_size = self.num_processes * self.num_nodes
-        if self.num_nodes > 1:
-            # every node must agree on the address: a fixed port, rank 0 serves it
-            if not self.main_port:
-                raise LaunchError(
-                    "a multi-node job started without a cluster launcher needs MASTER_ADDR "
-                    "and MASTER_PORT set identically on every node"
-                )
-            rendezvous, hosted = f"{self.main_address}:{self.main_port}", False
-        else:
-            rendezvous, hosted = host_store(self.main_address), True
+        rendezvous, hosted = choose_rendezvous(self.num_nodes, self.main_address,
+                                               self.main_port)
         host, _, port = rendezvous.rpartition(":")
         own = {LAUNCH_INDEX_ENV: str(index),
                "RANK": str(self.node_rank * self.num_processes), "LOCAL_RANK": "0",
