@@ -183,3 +183,25 @@ def test_the_script_launcher_serves_several_launches(tmp_path: Path) -> None:
                           timeout=100, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "['fit', 2, [0, 1]] ['test', 2, [0, 1]]"
+
+
+def test_the_script_launcher_rebuilds_the_command_line(tmp_path: Path) -> None:
+    package = tmp_path / "ilkapp"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    show = (
+        "import json\n"
+        "from interlock.strategies.launchers.subprocess_script import script_command\n"
+        "print(json.dumps(script_command()))\n"
+    )
+    (package / "__main__.py").write_text(show)
+    (tmp_path / "script.py").write_text(show)
+    as_module = subprocess.run([sys.executable, "-m", "ilkapp", "--lr", "0.1"], cwd=tmp_path,
+                               capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(as_module.stdout) == [sys.executable, "-m", "ilkapp", "--lr", "0.1"]
+    as_file = subprocess.run([sys.executable, "script.py", "x"], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(as_file.stdout) == [sys.executable, str(tmp_path / "script.py"), "x"]
+    interactive = subprocess.run(
+        [sys.executable, "-c", show], capture_output=True, text=True, timeout=60, check=False)
+    assert interactive.returncode != 0 and "use strategy='ddp_notebook'" in interactive.stderr
