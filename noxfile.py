@@ -57,12 +57,20 @@ def docs(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """plan() latency and import cost, side by side with Lightning's connector.
+    """Side-by-side measurements: plan() latency and import cost vs Lightning's
+    connector; DDP step time, launch latency and resolve() vs raw torch and Fabric.
 
     Lightning lives only in this session's environment, never in interlock's
-    dependencies.
+    dependencies. ``nox -s bench -- plan ARGS`` or ``-- runtime ARGS`` runs one script
+    with its own arguments; without arguments both run with their defaults.
     """
     session.install(TORCH)
     session.install("-r", "benchmarks/requirements.txt", TORCH)
     session.install("-e", ".", TORCH)
-    session.run("python", "benchmarks/bench_plan.py", *session.posargs)
+    which, *rest = session.posargs or [""]
+    if which in ("", "plan"):
+        session.run("python", "benchmarks/bench_plan.py", *rest)
+    if which in ("", "runtime"):
+        session.run("python", "benchmarks/bench_runtime.py", *rest)
+    if which not in ("", "plan", "runtime"):
+        session.error(f"unknown benchmark {which!r}: use 'plan' or 'runtime'")
