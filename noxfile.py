@@ -56,6 +56,17 @@ def docs(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def matrix(session: nox.Session) -> None:
+    """Check matrix.lock against the engine; ``-- --update`` rewrites it and regenerates
+    docs/rules.md and the compatibility pages."""
+    _install(session, "test")
+    session.run("python", "-m", "interlock.matrix.lock", *session.posargs)
+    if "--update" in session.posargs:
+        session.run("python", "-m", "interlock.connector.docs")
+        session.run("python", "-m", "interlock.matrix.compat")
+
+
+@nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Side-by-side measurements: plan() latency and import cost vs Lightning's
     connector; DDP step time, launch latency and resolve() vs raw torch and Fabric.

@@ -41,10 +41,12 @@ def _key(cell: Cell) -> CellKey:
             cell.num_nodes)
 
 
-def render(profiles: Iterable[Profile] = PROFILES, space: FlagSpace = FLAG_SPACE) -> str:
-    """The lock file's text."""
+def render(profiles: Iterable[Profile] = PROFILES, space: FlagSpace = FLAG_SPACE,
+           cells: dict[CellKey, str] | None = None) -> str:
+    """The lock file's text (from ``cells`` when already computed)."""
     profiles = tuple(profiles)
-    cells = outcomes(profiles, space)
+    if cells is None:
+        cells = outcomes(profiles, space)
     ids = {outcome: _id(outcome) for outcome in sorted(set(cells.values()))}
     if len(set(ids.values())) != len(ids):  # pragma: no cover - 20 bits over ~1e3 outcomes
         ids = {outcome: _id(outcome, 8) for outcome in ids}
@@ -104,8 +106,8 @@ def parse(text: str) -> dict[CellKey, str]:
         if line.startswith("# cells:"):
             spec = line.split("num_nodes): ", 1)[1]
             for column in spec.split(" "):
-                devices, _, nodes = column.rpartition("/")
-                columns.append((devices, int(nodes)))
+                shown, _, count = column.rpartition("/")
+                columns.append((shown, int(count)))
         elif line.startswith("@"):
             ident, _, outcome = line[1:].partition(" ")
             meanings[ident] = outcome
@@ -139,3 +141,30 @@ def differences(committed: dict[CellKey, str], current: dict[CellKey, str],
     if len(lines) > limit:
         lines = [*lines[:limit], f"... and {len(lines) - limit} more cells"]
     return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m interlock.matrix.lock [--update]``: check matrix.lock, or rewrite it."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    current = outcomes()
+    if "--update" in args:
+        tmp = LOCK_PATH.with_suffix(".lock.tmp")
+        tmp.write_text(render(cells=current), encoding="utf-8")
+        tmp.replace(LOCK_PATH)
+        print(f"wrote {LOCK_PATH} ({len(current)} cells)")
+        return 0
+    if not LOCK_PATH.exists():
+        print(f"{LOCK_PATH} is missing; run with --update", file=sys.stderr)
+        return 1
+    changed = differences(parse(LOCK_PATH.read_text(encoding="utf-8")), current)
+    if changed:
+        print("cells whose outcome changed:\n" + "\n".join(changed), file=sys.stderr)
+        return 1
+    print(f"{LOCK_PATH} matches the engine ({len(current)} cells)")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,166 @@
+"""`interlock doctor`: what this machine can run, asked of the engine itself.
+
+Every line comes from `plan()` on one `Machine` snapshot (probed, or given to simulate
+another machine), so the report never disagrees with what `resolve()` would do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping, Sequence
+
+from interlock.connector.errors import ResolutionError
+from interlock.connector.machine import Machine
+from interlock.connector.planner import DevicesFlag, Plan, plan
+from interlock.connector.registry import strategy_specs
+from interlock.connector.specs import StrategySpec
+from interlock.connector.tables import ACCELERATOR_NAMES, INSTALL_HINTS, PRECISION_NAMES
+from interlock.matrix.profiles import PROFILES, profile_named
+
+OK = "yes"
+NO = "no "
+
+#: The strategies whose precisions the report lists, by the name they have on most
+#: accelerators; an accelerator they do not support gets their declared substitute.
+PRECISION_PROBES: tuple[str, ...] = ("single_device", "ddp")
+
+
+def _try(machine: Machine, accelerator: str, devices: DevicesFlag, strategy: str = "auto",
+         precision: str = "32-true") -> Plan | ResolutionError:
+    try:
+        return plan(accelerator=accelerator, devices=devices, strategy=strategy,
+                    precision=precision, machine=machine)
+    except ResolutionError as error:
+        return error
+
+
+def _refusal(error: ResolutionError) -> str:
+    return f"[{error.code}] {error.reason}"
+
+
+def _devices_for(spec: StrategySpec) -> DevicesFlag:
+    # "auto" would place every device and refuse a one-device strategy for that alone.
+    return 1 if spec.max_devices == 1 else "auto"
+
+
+def _placed(result: Plan) -> str:
+    launcher = result.launcher or "in-process"
+    return (f"{result.devices} x {result.accelerator} x {result.num_nodes} node(s), "
+            f"launcher {launcher}, cluster {result.cluster_environment}")
+
+
+def usable_accelerators(machine: Machine) -> dict[str, Plan | ResolutionError]:
+    """Per accelerator, the default plan with devices="auto", or why there is none."""
+    return {a: _try(machine, a, "auto") for a in ACCELERATOR_NAMES}
+
+
+def runners(machine: Machine) -> dict[str, str | None]:
+    """Per conformance runner, None when this machine can run it, else why not."""
+    found: dict[str, str | None] = {"cpu": None}
+    found["cuda"] = (None if machine.cuda_devices > 0
+                     else "this machine has 0 CUDA devices")
+    if "torch_xla" not in machine.packages:
+        found["tpu"] = ("torch_xla is not installed "
+                        f"(install: {INSTALL_HINTS['torch_xla']})")
+    elif machine.xla_devices == 0:
+        found["tpu"] = "torch_xla is installed but this machine has 0 XLA devices"
+    else:
+        found["tpu"] = None
+    return found
+
+
+def _precision_lines(machine: Machine, accelerator: str,
+                     specs: Mapping[str, StrategySpec]) -> list[str]:
+    lines = []
+    for wanted in PRECISION_PROBES:
+        spec = specs.get(wanted)
+        if spec is None:  # pragma: no cover - built-in rows cannot be unregistered
+            continue
+        name = spec.substitutes.get(accelerator, wanted)
+        shown = name if name == wanted else f"{name} (stands in for {wanted} here)"
+        target = specs[name]
+        accepted, refused = [], []
+        first_refusal: ResolutionError | None = None
+        for precision in PRECISION_NAMES:
+            result = _try(machine, accelerator, _devices_for(target), name, precision)
+            if isinstance(result, Plan):
+                accepted.append(precision)
+            else:
+                refused.append(f"{precision} [{result.code}]")
+                first_refusal = first_refusal or result
+        if not accepted and first_refusal is not None:
+            lines.append(f"  {shown}: none ({_refusal(first_refusal)})")
+            continue
+        lines.append(f"  {shown}: {', '.join(accepted)}")
+        if refused:
+            lines.append(f"    refused: {', '.join(refused)}")
+    return lines
+
+
+def doctor_report(machine: Machine | None = None) -> str:
+    """A readable report of what ``machine`` (default: this one, probed) can run.
+
+    Lists the machine's facts, each accelerator and whether it is usable, for each
+    usable accelerator the strategies that resolve (and why the others do not) and the
+    precisions of the single-device and ddp strategies, then the conformance runners
+    this machine can host.
+    """
+    if machine is None:
+        machine = Machine.probe()
+    specs = strategy_specs()
+    rows = [s for s in specs.values() if s.variant_of is None]
+    width = max(len(s.name) for s in rows)
+    out = ["interlock doctor", "", f"Machine: {machine.describe()}", "", "Accelerators:"]
+    usable = usable_accelerators(machine)
+    for accelerator, result in usable.items():
+        if isinstance(result, Plan):
+            out.append(f"  {OK} {accelerator:<5} devices='auto' gives {_placed(result)}")
+        else:
+            out.append(f"  {NO} {accelerator:<5} {_refusal(result)}")
+    for accelerator, result in usable.items():
+        if not isinstance(result, Plan):
+            continue
+        out += ["", f"Strategies on {accelerator} (devices='auto', or 1 for one-device "
+                "strategies; precision 32-true):"]
+        for spec in rows:
+            tried = _try(machine, accelerator, _devices_for(spec), spec.name)
+            if isinstance(tried, Plan):
+                out.append(f"  {OK} {spec.name:<{width}}  {_placed(tried)}")
+            else:
+                out.append(f"  {NO} {spec.name:<{width}}  {_refusal(tried)}")
+        out += ["", f"Precisions on {accelerator}:"]
+        out += _precision_lines(machine, accelerator, specs)
+    out += ["", "Conformance runners:"]
+    for runner, why_not in runners(machine).items():
+        if why_not is None:
+            out.append(f"  {OK} {runner:<5} available")
+        else:
+            out.append(f"  {NO} {runner:<5} {why_not}")
+    out.append("")
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the doctor report for this machine, or for a named machine profile."""
+    parser = argparse.ArgumentParser(
+        prog="interlock doctor",
+        description="Show what this machine can run, as the engine sees it.",
+    )
+    parser.add_argument(
+        "--profile", metavar="NAME",
+        help="report on a named machine profile instead of this machine: "
+        + ", ".join(p.name for p in PROFILES),
+    )
+    args = parser.parse_args(argv)
+    try:
+        machine = profile_named(args.profile).machine if args.profile else None
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(doctor_report(machine), end="")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

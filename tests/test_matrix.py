@@ -1,0 +1,89 @@
+"""The matrix: staged evaluation agrees with plan(), and the lock file pins every cell."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import interlock
+from interlock import ResolutionError
+from interlock.matrix import FLAG_SPACE, PROFILES, evaluate, outcome_of, profile_named
+from interlock.matrix.evaluate import show
+from interlock.matrix.lock import LOCK_PATH, differences, outcomes, parse, render
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _flag(values: tuple[Any, ...], shown: str) -> Any:
+    return next(v for v in values if show(v) == shown)
+
+
+def _direct(profile_name: str, cell: Any) -> str:
+    profile = profile_named(profile_name)
+    try:
+        result = interlock.plan(
+            accelerator=cell.accelerator,
+            devices=_flag(FLAG_SPACE.devices, cell.devices),
+            strategy=cell.strategy,
+            precision=_flag(FLAG_SPACE.precisions, cell.precision),
+            num_nodes=cell.num_nodes,
+            machine=profile.machine,
+        )
+    except ResolutionError as error:
+        return outcome_of(error)
+    return outcome_of(result)
+
+
+def test_the_space_and_profiles_are_as_large_as_promised() -> None:
+    assert len(PROFILES) == 11
+    assert len({p.name for p in PROFILES}) == 11
+    assert FLAG_SPACE.size() * len(PROFILES) >= 100_000
+    assert len({show(p) for p in FLAG_SPACE.precisions}) == len(FLAG_SPACE.precisions), (
+        "two precision values print alike; the lock file could not tell them apart")
+
+
+@pytest.fixture(scope="module")
+def current() -> dict[Any, str]:
+    return outcomes()
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
+def test_cells_match_plan(profile: Any) -> None:
+    """Every refusal code, flag and plan summary the staged evaluation gives is what
+    plan() gives. (Exhaustive comparisons of whole profiles agreed too: they take
+    minutes under typeguard, so the suite samples.)"""
+    rng = random.Random(profile.name)
+    cells = list(evaluate(profile))
+    mismatches = [
+        f"{cell}: matrix says {outcome}, plan() says {_direct(profile.name, cell)}"
+        for cell, outcome in rng.sample(cells, 600)
+        if outcome != _direct(profile.name, cell)
+    ]
+    assert not mismatches, "\n".join(mismatches[:20])
+
+
+def test_the_lock_round_trips(current: dict[Any, str]) -> None:
+    text = render(cells=current)
+    assert parse(text) == current
+    assert len(text) < 4_000_000, f"the lock file grew to {len(text)} bytes"
+
+
+def test_the_committed_lock_matches_the_engine(current: dict[Any, str]) -> None:
+    committed = parse((ROOT / LOCK_PATH).read_text(encoding="utf-8"))
+    changed = differences(committed, current)
+    assert not changed, (
+        "the engine's outcomes differ from matrix.lock; if the change is intended, run "
+        "`nox -s matrix -- --update` and commit the file. Changed cells:\n" + "\n".join(changed)
+    )
+
+
+def test_differences_read_well() -> None:
+    before = {("p", "cpu", "ddp", "32-true", "2", 1): "ok ddp subprocess local 2 32-true"}
+    after = {("p", "cpu", "ddp", "32-true", "2", 1): "invalid-devices devices"}
+    assert differences(before, after) == [
+        "p: accelerator=cpu devices=2 strategy=ddp precision=32-true num_nodes=1: "
+        "ok ddp subprocess local 2 32-true -> invalid-devices devices"
+    ]
