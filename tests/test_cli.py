@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -88,3 +89,21 @@ def test_console_script_exits_2_without_traceback() -> None:
     )
     assert proc.returncode == 2, proc.stderr
     assert "Did you mean 'fsdp'?" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_matrix_profiles_and_cells(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+    code, out, _ = run(capsys, "matrix", "--profiles")
+    assert code == 0 and "cpu-laptop" in out and "torchrun-2x8" in out
+    target = tmp_path / "cells.csv"
+    code, _, err = run(capsys, "matrix", "--profile", "cpu-laptop", "--format", "csv",
+                       "--output", str(target))
+    lines = target.read_text().splitlines()
+    assert code == 0 and lines[0].endswith(",outcome") and len(lines) > 1000, err
+    assert "cpu-laptop,cpu,2,ddp,16-mixed,1,ok ddp subprocess local 2 16-mixed" in lines
+    code, _, err = run(capsys, "matrix", "--profile", "nope", "--format", "json")
+    assert code == 2 and "no machine profile named 'nope'" in err
+
+
+def test_doctor_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "doctor")
+    assert code == 0 and "Machine:" in out and "cpu" in out

@@ -112,6 +112,70 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write(text: str, output: str | None) -> None:
+    """To stdout, or atomically to a file (a temporary file renamed into place)."""
+    if output is None:
+        sys.stdout.write(text)
+        return
+    from pathlib import Path
+
+    path = Path(output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def cmd_matrix(args: argparse.Namespace) -> int:
+    from interlock.matrix import PROFILES, evaluate, profile_named
+
+    if args.profiles:
+        width = max(len(p.name) for p in PROFILES)
+        for p in PROFILES:
+            print(f"{p.name:<{width}}  {p.description}")
+        return 0
+    if args.format in ("md", "html"):
+        from interlock.matrix import compat
+
+        if args.profile is not None:
+            raise UsageError("--profile applies to --format csv and json (the cell dump); "
+                             "the md and html pages cover their own profiles")
+        _write(compat.render_markdown() if args.format == "md" else compat.render_html(),
+               args.output)
+        return 0
+    try:
+        profiles = PROFILES if args.profile is None else (profile_named(args.profile),)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    fields = ("profile", "accelerator", "devices", "strategy", "precision", "num_nodes")
+    if args.format == "csv":
+        import csv
+        import io
+
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow((*fields, "outcome"))
+        for profile in profiles:
+            for cell, outcome in evaluate(profile):
+                writer.writerow((*(getattr(cell, f) for f in fields), outcome))
+        _write(buffer.getvalue(), args.output)
+        return 0
+    rows = [
+        {**{f: getattr(cell, f) for f in fields}, "outcome": outcome}
+        for profile in profiles for cell, outcome in evaluate(profile)
+    ]
+    _write(json.dumps(rows) + "\n", args.output)
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from interlock.matrix.doctor import doctor_report
+
+    print(doctor_report())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="interlock",
@@ -131,6 +195,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=cmd_plan)
+
+    m = sub.add_parser("matrix", help="the compatibility matrix: pages, or every cell")
+    m.add_argument("--profile", help="only this machine profile (csv, json)")
+    m.add_argument("--format", choices=("md", "html", "csv", "json"), default="md")
+    m.add_argument("--output", metavar="PATH", help="write here instead of stdout")
+    m.add_argument("--profiles", action="store_true", help="list the machine profiles")
+    m.set_defaults(func=cmd_matrix)
+
+    d = sub.add_parser("doctor", help="what this machine can run, and why not the rest")
+    d.set_defaults(func=cmd_doctor)
     return parser
 
 
