@@ -293,7 +293,10 @@ def test_doctor_on_a_tpu_host() -> None:
     report = doctor_report(machine)
     assert "yes tpu   available" in _section(report, "Conformance runners:")
     assert "no  cuda  this machine has 0 CUDA devices" in report
-    assert re.search(r"yes xla\s+8 x xla", _section(report, "Strategies on xla"))
+    strategies = _section(report, "Strategies on xla")
+    # the engine plans xla; until its runtime exists the doctor says it cannot run it
+    assert re.search(r"no  xla\s+planned \(8 x xla", strategies), strategies
+    assert "its implementation cannot be imported" in strategies
     precisions = _section(report, "Precisions on xla:")
     assert "single_xla (stands in for single_device here): 32-true, 16-true, bf16-true" \
         in precisions
@@ -310,3 +313,10 @@ def test_doctor_main(capsys: pytest.CaptureFixture[str]) -> None:
     assert "Strategies on mps" in capsys.readouterr().out
     assert main(["--profile", "nope"]) == 2
     assert "no machine profile named 'nope'" in capsys.readouterr().err
+
+
+def test_doctor_tells_planned_from_runnable() -> None:
+    report = doctor_report(interlock.Machine())
+    strategies = _section(report, "Strategies on cpu")
+    assert re.search(r"yes ddp\s+1 x cpu", strategies), strategies
+    assert re.search(r"no  fsdp\s+planned", strategies), strategies

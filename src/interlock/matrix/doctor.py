@@ -98,6 +98,17 @@ def _precision_lines(machine: Machine, accelerator: str,
     return lines
 
 
+def _runtime_missing(spec: StrategySpec) -> str | None:
+    """Why the strategy's factory cannot be imported here, or None when it can."""
+    from interlock.connector.planner import load_factory
+
+    try:
+        load_factory(spec)
+    except ImportError as error:
+        return str(error.__cause__ or error)
+    return None
+
+
 def doctor_report(machine: Machine | None = None) -> str:
     """A readable report of what ``machine`` (default: this one, probed) can run.
 
@@ -125,7 +136,11 @@ def doctor_report(machine: Machine | None = None) -> str:
                 "strategies; precision 32-true):"]
         for spec in rows:
             tried = _try(machine, accelerator, _devices_for(spec), spec.name)
-            if isinstance(tried, Plan):
+            missing = _runtime_missing(spec) if isinstance(tried, Plan) else None
+            if isinstance(tried, Plan) and missing is not None:
+                out.append(f"  {NO} {spec.name:<{width}}  planned ({_placed(tried)}), but "
+                           f"its implementation cannot be imported: {missing}")
+            elif isinstance(tried, Plan):
                 out.append(f"  {OK} {spec.name:<{width}}  {_placed(tried)}")
             else:
                 out.append(f"  {NO} {spec.name:<{width}}  {_refusal(tried)}")
