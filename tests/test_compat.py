@@ -267,8 +267,8 @@ def test_doctor_on_a_cpu_machine() -> None:
     assert interlock.Machine().describe() in report
     runners_part = _section(report, "Conformance runners:")
     assert "yes cpu" in runners_part
-    assert "no  cuda  this machine has 0 CUDA devices" in runners_part
-    assert "torch_xla is not installed" in runners_part
+    assert "no  cuda  [accelerator-unavailable] this machine has 0 CUDA devices" in runners_part
+    assert "no  tpu   [missing-package] the xla accelerator needs torch_xla" in runners_part
     assert "Strategies on cpu" in report and "Strategies on cuda" not in report
     assert "[accelerator-unavailable] this machine has 0 CUDA devices" in report
     precisions = _section(report, "Precisions on cpu:")
@@ -292,7 +292,7 @@ def test_doctor_on_a_tpu_host() -> None:
     machine = profile_named("tpu-v4-8").machine
     report = doctor_report(machine)
     assert "yes tpu   available" in _section(report, "Conformance runners:")
-    assert "no  cuda  this machine has 0 CUDA devices" in report
+    assert "no  cuda  [accelerator-unavailable] this machine has 0 CUDA devices" in report
     strategies = _section(report, "Strategies on xla")
     # the engine plans xla; until its runtime exists the doctor says it cannot run it
     assert re.search(r"no  xla\s+planned \(8 x xla", strategies), strategies
@@ -305,7 +305,7 @@ def test_doctor_on_a_tpu_host() -> None:
 
 def test_doctor_tpu_runner_needs_devices_too() -> None:
     reason = runners(interlock.Machine(packages=frozenset({"torch_xla"})))["tpu"]
-    assert reason == "torch_xla is installed but this machine has 0 XLA devices"
+    assert reason == "[accelerator-unavailable] this machine has 0 XLA devices."
 
 
 def test_doctor_main(capsys: pytest.CaptureFixture[str]) -> None:

@@ -122,6 +122,7 @@ class AcceleratorRow:
         requires: optional packages needed to use it.
         max_devices: devices per node at most, when fixed by the hardware kind.
         backend: the torch.distributed backend its processes use.
+        runner: the conformance runner that exercises it, if any.
         description: one line for the docs.
     """
 
@@ -129,6 +130,7 @@ class AcceleratorRow:
     machine_fact: str | None
     precisions: frozenset[str]
     backend: str
+    runner: str | None = None
     requires: tuple[str, ...] = ()
     max_devices: int | None = None
     description: str
@@ -137,10 +139,11 @@ class AcceleratorRow:
 ACCELERATORS: tuple[AcceleratorRow, ...] = (
     AcceleratorRow(
         name="cpu", machine_fact=None, precisions=NUMERIC_PRECISIONS, backend="gloo",
+        runner="cpu",
         description="CPU processes; gloo for collectives",
     ),
     AcceleratorRow(
-        name="cuda", machine_fact="cuda_devices", backend="nccl",
+        name="cuda", machine_fact="cuda_devices", backend="nccl", runner="cuda",
         precisions=frozenset(PRECISION_NAMES),
         description="NVIDIA (or ROCm) GPUs; nccl for collectives",
     ),
@@ -151,6 +154,7 @@ ACCELERATORS: tuple[AcceleratorRow, ...] = (
     ),
     AcceleratorRow(
         name="xla", machine_fact="xla_devices", requires=("torch_xla",), backend="xla",
+        runner="tpu",
         precisions=frozenset(("32-true", "16-true", "bf16-true")),
         description="TPU cores (or other PJRT devices) through torch_xla",
     ),

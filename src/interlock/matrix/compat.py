@@ -21,13 +21,19 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 import interlock
 from interlock.connector.builtin import BUILTIN_STRATEGIES
 from interlock.connector.errors import ResolutionError
 from interlock.connector.planner import DevicesFlag, plan
 from interlock.connector.specs import StrategySpec
-from interlock.connector.tables import ACCELERATOR_NAMES, ACCELERATOR_ROWS, PRECISION_NAMES
+from interlock.connector.tables import (
+    ACCELERATOR_NAMES,
+    ACCELERATOR_ROWS,
+    ACCELERATORS,
+    PRECISION_NAMES,
+)
 from interlock.matrix.profiles import PROFILES, Profile, profile_named
 
 MARKDOWN_PATH = Path("docs") / "compatibility.md"
@@ -47,7 +53,9 @@ ACCELERATOR_PROFILES: Mapping[str, str] = {
 #: The conformance runner that exercises each accelerator (mps has none yet, so its
 #: cells can only be declared). The conformance package owns runners once it lands;
 #: until then this is the one place that names them.
-RUNNER_FOR_ACCELERATOR: Mapping[str, str] = {"cpu": "cpu", "cuda": "cuda", "xla": "tpu"}
+RUNNER_FOR_ACCELERATOR: Mapping[str, str] = MappingProxyType(
+    {row.name: row.runner for row in ACCELERATORS if row.runner is not None}
+)
 
 #: Launch environments in table order (each is a profile's ``environment`` field).
 ENVIRONMENTS: tuple[str, ...] = ("local", "notebook", "torchrun", "slurm", "no-fork")

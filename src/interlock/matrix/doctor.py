@@ -15,7 +15,11 @@ from interlock.connector.machine import Machine
 from interlock.connector.planner import DevicesFlag, Plan, plan
 from interlock.connector.registry import strategy_specs
 from interlock.connector.specs import StrategySpec
-from interlock.connector.tables import ACCELERATOR_NAMES, INSTALL_HINTS, PRECISION_NAMES
+from interlock.connector.tables import (
+    ACCELERATOR_NAMES,
+    ACCELERATORS,
+    PRECISION_NAMES,
+)
 from interlock.matrix.profiles import PROFILES, profile_named
 
 OK = "yes"
@@ -56,17 +60,15 @@ def usable_accelerators(machine: Machine) -> dict[str, Plan | ResolutionError]:
 
 
 def runners(machine: Machine) -> dict[str, str | None]:
-    """Per conformance runner, None when this machine can run it, else why not."""
-    found: dict[str, str | None] = {"cpu": None}
-    found["cuda"] = (None if machine.cuda_devices > 0
-                     else "this machine has 0 CUDA devices")
-    if "torch_xla" not in machine.packages:
-        found["tpu"] = ("torch_xla is not installed "
-                        f"(install: {INSTALL_HINTS['torch_xla']})")
-    elif machine.xla_devices == 0:
-        found["tpu"] = "torch_xla is installed but this machine has 0 XLA devices"
-    else:
-        found["tpu"] = None
+    """Per conformance runner, None when this machine can run it, else why not: a
+    runner is available where the engine resolves its accelerator (the accelerator
+    table names each accelerator's runner)."""
+    found: dict[str, str | None] = {}
+    for row in ACCELERATORS:
+        if row.runner is None:
+            continue
+        tried = _try(machine, row.name, "auto")
+        found[row.runner] = None if isinstance(tried, Plan) else _refusal(tried)
     return found
 
 
