@@ -23,7 +23,7 @@ from interlock.strategies.environments import ClusterEnvironment, LocalEnvironme
 from interlock.strategies.init_context import empty_init_context
 from interlock.strategies.io import CheckpointIO, CheckpointLoadError, TorchCheckpointIO
 from interlock.strategies.launchers import Launcher
-from interlock.strategies.launchers.base import mark_failure_time
+from interlock.strategies.launchers.base import report_failure
 from interlock.strategies.module_wrapper import StrategyModule, move_to_device, unwrap
 from interlock.strategies.parts import parts_from_plan
 from interlock.strategies.precision import Precision
@@ -349,8 +349,10 @@ def _run_worker(strategy: Strategy, fn: Callable[..., T], args: tuple[Any, ...],
         strategy.setup_environment()
         return fn(strategy, *args, **kwargs)
     except BaseException as exc:
-        # when it failed, before teardown closes connections and makes peers fail too
-        mark_failure_time(exc)
+        # Record when and what failed now, before teardown closes connections and makes
+        # the peers fail too: the launcher names the earliest failure, and a slow
+        # teardown must not keep this record from it.
+        report_failure(exc)
         raise
     finally:
         strategy.teardown()

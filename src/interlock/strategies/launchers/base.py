@@ -73,10 +73,17 @@ def run_recording_errors(entry: WorkerEntry, args: tuple[Any, ...],
     try:
         return entry(*args, **kwargs)
     except BaseException as exc:
-        path = os.environ.get(ERROR_FILE_ENV)
-        if path:
-            record_failure(path, exc)
+        report_failure(exc)
         raise
+
+
+def report_failure(exc: BaseException) -> None:
+    """Record ``exc`` where this process's launcher reads failures, once (the first
+    report, made closest to the failure, stands)."""
+    mark_failure_time(exc)
+    path = os.environ.get(ERROR_FILE_ENV)
+    if path and not os.path.exists(path):
+        record_failure(path, exc)
 
 
 def mark_failure_time(exc: BaseException) -> None:
@@ -90,8 +97,11 @@ def record_failure(path: str | os.PathLike[str], exc: BaseException) -> None:
     mark_failure_time(exc)
     report = {"time": exc._interlock_failed_at,  # type: ignore[attr-defined]
               "traceback": "".join(traceback.format_exception(exc))}
-    with open(path, "w", encoding="utf-8") as out:
+    # written whole or not at all: the launcher may read while this process dies
+    tmp = f"{os.fspath(path)}.tmp"
+    with open(tmp, "w", encoding="utf-8") as out:
         json.dump(report, out)
+    os.replace(tmp, path)
 
 
 def read_failures(directory: str | os.PathLike[str]) -> dict[int, tuple[float, str]]:
