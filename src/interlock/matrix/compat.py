@@ -466,7 +466,8 @@ def render_html(specs: Iterable[StrategySpec] | None = None,
         '<tr><td class="refused"><code>code</code></td><td>refused; codes are explained in '
         '<a href="rules.md#error-codes">rules.md</a></td></tr>',
         "</tbody></table>",
-        "<p>" + re.sub(r"\*(\w+)\*", r"<em>\1</em>", _e(REPORT_NOTE)) + "</p>",
+        "<p>" + re.sub(r"`([^`]+)`", r"<code>\1</code>",
+                       re.sub(r"\*(\w+)\*", r"<em>\1</em>", _e(REPORT_NOTE))) + "</p>",
     ]
     for table in data.accelerators:
         out.append(f"<h2>Accelerator <code>{_e(table.accelerator)}</code></h2>")
