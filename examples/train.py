@@ -21,9 +21,12 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
 import interlock
 from interlock.strategies.base import Strategy
+from interlock.strategies.model_parallel import ModelParallelStrategy
 
 FEATURES = 16
 HIDDEN = 32
@@ -43,11 +46,40 @@ def global_batch(step: int, batch_size: int, seed: int) -> tuple[torch.Tensor, t
 
 
 def shard(tensor: torch.Tensor, strategy: Strategy) -> torch.Tensor:
-    if tensor.shape[0] % strategy.world_size:
+    """This rank's part of a global batch (tensor-parallel ranks share theirs)."""
+    replicas = strategy.data_parallel_size
+    if tensor.shape[0] % replicas:
         raise ValueError(
-            f"--batch-size {tensor.shape[0]} must divide by the world size {strategy.world_size}"
+            f"--batch-size {tensor.shape[0]} must divide by the {replicas} data-parallel ranks"
         )
-    return tensor.chunk(strategy.world_size)[strategy.global_rank]
+    return tensor.chunk(replicas)[strategy.data_parallel_rank]
+
+
+def parallelize(module: nn.Module, mesh: DeviceMesh) -> nn.Module:
+    """How ``--strategy model_parallel`` splits the MLP: the hidden layer column-wise and
+    the output layer row-wise over the tensor-parallel ranks, then FSDP2 over the
+    data-parallel ranks."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    if mesh["tensor_parallel"].size() > 1:
+        parallelize_module(module, mesh["tensor_parallel"],
+                           {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    if mesh["data_parallel"].size() > 1:
+        fully_shard(module, mesh=mesh["data_parallel"])
+    return module
+
+
+def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter whole, on the CPU (sharded ones are gathered: call on all ranks)."""
+    return {
+        k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu().double()
+        for k, v in model.state_dict().items()
+    }
 
 
 def train(strategy: Strategy, args: argparse.Namespace) -> dict[str, Any]:
@@ -84,9 +116,10 @@ def train(strategy: Strategy, args: argparse.Namespace) -> dict[str, Any]:
         "loss": float(mean_loss),
         "seconds": round(time.perf_counter() - started, 3),
     }
-    if args.output and strategy.is_global_zero:
-        params = {k: v.detach().cpu().double() for k, v in model.state_dict().items()}
-        torch.save(params, args.output)
+    if args.output:
+        params = full_parameters(model)  # a collective for sharded models: every rank
+        if strategy.is_global_zero:
+            torch.save(params, args.output)
     return summary
 
 
@@ -115,7 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         strategy = interlock.resolve(
-            accelerator=args.accelerator, devices=args.devices, strategy=args.strategy,
+            accelerator=args.accelerator, devices=args.devices,
+            # model parallelism needs to be told how to split this model
+            strategy=(ModelParallelStrategy(parallelize_fn=parallelize)
+                      if args.strategy == "model_parallel" else args.strategy),
             precision=args.precision, num_nodes=args.num_nodes,
         )
     except interlock.ResolutionError as error:

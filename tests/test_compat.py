@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 import interlock
+from interlock.connector.registry import unregister_strategy
+from interlock.connector.specs import StrategySpec
 from interlock.matrix import compat
 from interlock.matrix.compat import (
     HTML_PATH,
@@ -294,9 +296,7 @@ def test_doctor_on_a_tpu_host() -> None:
     assert "yes tpu   available" in _section(report, "Conformance runners:")
     assert "no  cuda  [accelerator-unavailable] this machine has 0 CUDA devices" in report
     strategies = _section(report, "Strategies on xla")
-    # the engine plans xla; until its runtime exists the doctor says it cannot run it
-    assert re.search(r"no  xla\s+planned \(8 x xla", strategies), strategies
-    assert "its implementation cannot be imported" in strategies
+    assert re.search(r"yes xla\s+8 x xla", strategies), strategies
     precisions = _section(report, "Precisions on xla:")
     assert "single_xla (stands in for single_device here): 32-true, 16-true, bf16-true" \
         in precisions
@@ -319,4 +319,16 @@ def test_doctor_tells_planned_from_runnable() -> None:
     report = doctor_report(interlock.Machine())
     strategies = _section(report, "Strategies on cpu")
     assert re.search(r"yes ddp\s+1 x cpu", strategies), strategies
-    assert re.search(r"no  fsdp\s+planned", strategies), strategies
+    assert re.search(r"yes fsdp\s+1 x cpu", strategies), strategies
+    spec = StrategySpec(
+        name="unimportable_probe", factory="interlock_nonexistent.module:Strategy",
+        description="probe", family="probe", accelerators=frozenset({"cpu"}),
+        precisions=frozenset({"32-true"}), launcher="fork",
+    )
+    interlock.register_strategy(spec)
+    try:
+        strategies = _section(doctor_report(interlock.Machine()), "Strategies on cpu")
+    finally:
+        unregister_strategy(spec.name)
+    assert re.search(r"no  unimportable_probe\s+planned \(1 x cpu", strategies), strategies
+    assert "its implementation cannot be imported" in strategies

@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import workloads
+from harness import close
 
 import interlock
 from interlock.strategies.ddp import DDPStrategy
@@ -33,13 +34,6 @@ def ddp(name: str = "ddp_fork", devices: int = 2, precision: str = "32-true",
     if timeout is not None:
         strategy.timeout = datetime.timedelta(seconds=timeout)
     return strategy
-
-
-def close(actual: Any, expected: Any, what: str, rtol: float | None = None,
-          atol: float | None = None) -> None:
-    """assert_close whose message says what was compared."""
-    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol,
-                               msg=lambda m: f"{what}: {m}")
 
 
 def assert_no_survivors(pid_dir: Path) -> None:

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 import pytest
 
 import interlock
+from interlock.connector.builtin import BUILTIN_STRATEGIES
 from interlock import Machine, ResolutionError, StrategySpec
 from interlock.connector import registry
 from interlock.connector.tables import ACCELERATOR_NAMES
@@ -117,12 +118,32 @@ def test_an_accelerator_instance_is_used_as_given() -> None:
     assert strategy.accelerator is accelerator
 
 
-def test_unbuilt_sharded_strategies_say_what_is_missing() -> None:
-    # FSDP, model parallel, XLA and DeepSpeed are planned by the engine; their runtime
-    # arrives separately, and until then build() names the missing implementation.
-    p = interlock.plan(accelerator="cpu", devices=2, strategy="fsdp", machine=CPU)
-    with pytest.raises(ImportError, match="strategy 'fsdp' is implemented by"):
-        p.build()
+@pytest.mark.parametrize("spec", BUILTIN_STRATEGIES, ids=lambda s: s.name)
+def test_every_builtin_row_builds_its_strategy(spec: StrategySpec) -> None:
+    machine = {
+        "xla": interlock.Machine(xla_devices=8, packages=frozenset({"torch_xla"})),
+        "cuda": interlock.Machine(cuda_devices=2, packages=frozenset({"deepspeed"})),
+    }.get(next(iter(sorted(spec.accelerators - {"cpu"}) or ["cpu"])), CPU)
+    devices = 1 if spec.max_devices == 1 else -1
+    strategy = interlock.plan(strategy=spec.name, devices=devices, machine=machine).build()
+    assert type(strategy).__name__ == spec.factory.rpartition(":")[2]
+    assert strategy.name == spec.name and strategy.plan is not None
+
+
+def test_a_missing_implementation_is_named_with_the_strategy() -> None:
+    spec = StrategySpec(
+        name="ddp_missing_module_probe", factory="interlock_nonexistent.module:Strategy",
+        description="probe", family="ddp", accelerators=frozenset({"cpu"}),
+        precisions=frozenset({"32-true"}), launcher="fork",
+    )
+    interlock.register_strategy(spec)
+    try:
+        p = interlock.plan(accelerator="cpu", devices=2, strategy=spec.name, machine=CPU)
+        with pytest.raises(ImportError, match="strategy 'ddp_missing_module_probe' is "
+                           "implemented by"):
+            p.build()
+    finally:
+        registry.unregister_strategy(spec.name)
 
 
 def test_a_third_party_strategy_builds_through_its_factory() -> None:

@@ -76,7 +76,7 @@ def _prefix(what: str) -> Callable[[str], str]:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn", "ddp_fork"])
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn", "ddp_fork", "fsdp", "model_parallel"])
 def test_two_ranks_match_one_process(tmp_path: Path, strategy: str) -> None:
     common = ("--steps", "12", "--batch-size", "16")
     single = trained(tmp_path, "single", "--strategy", "single_device", *common)
@@ -106,6 +106,20 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
                       "--checkpoint-every", "3", "--resume")
     # same samples, same order, optimizer momentum and grad-scaler state restored
     assert_close_params(resumed, straight, "resumed vs straight", rtol=0.0, atol=0.0)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("strategy", ["fsdp", "model_parallel"])
+def test_sharded_strategies_resume_exactly(tmp_path: Path, strategy: str) -> None:
+    ckpt = tmp_path / "ckpt" / "last"
+    common = ("--strategy", strategy, "--devices", "2", "--precision", "bf16-mixed")
+    straight = trained(tmp_path, "straight", *common, "--steps", "8")
+    first = run(*common, "--steps", "4", "--checkpoint", str(ckpt), "--checkpoint-every", "2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = trained(tmp_path, "resumed", *common, "--steps", "8", "--checkpoint", str(ckpt),
+                      "--checkpoint-every", "2", "--resume")
+    assert_close_params(resumed, straight, f"{strategy} resumed vs straight", rtol=0.0,
+                        atol=0.0)
 
 
 @pytest.mark.timeout(120)

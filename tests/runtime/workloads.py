@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import os
 import time
 from pathlib import Path
@@ -10,6 +9,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from interlock.strategies.base import Strategy
 
@@ -26,6 +26,11 @@ def batch(step: int, size: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(size, FEATURES, generator=g), torch.randn(size, 1, generator=g)
 
 
+def share(tensor: torch.Tensor, strategy: Strategy) -> torch.Tensor:
+    """This rank's part of a global batch (ranks of one tensor-parallel group share it)."""
+    return tensor.chunk(strategy.data_parallel_size)[strategy.data_parallel_rank]
+
+
 def train(strategy: Strategy, steps: int, accumulate: int = 1) -> dict[str, torch.Tensor]:
     """K steps of SGD; each rank takes its shard of every global micro-batch."""
     net = strategy.setup_module(model())
@@ -33,14 +38,31 @@ def train(strategy: Strategy, steps: int, accumulate: int = 1) -> dict[str, torc
     for step in range(steps):
         for micro in range(accumulate):
             x, y = batch(step * accumulate + micro)
-            x = x.chunk(strategy.world_size)[strategy.global_rank]
-            y = y.chunk(strategy.world_size)[strategy.global_rank]
+            x = share(x, strategy)
+            y = share(y, strategy)
             with strategy.no_backward_sync(net, enabled=micro < accumulate - 1):
                 loss = nn.functional.mse_loss(net(x).float(), y) / accumulate
                 strategy.backward(loss, net)
         strategy.optimizer_step(opt)
         opt.zero_grad()
-    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+    params: dict[str, torch.Tensor] = full(net.state_dict())
+    return params
+
+
+def full(value: Any) -> Any:
+    """``value`` with every DTensor (a sharded parameter) gathered into a plain tensor.
+
+    A collective for sharded values: every rank must call it in the same order.
+    """
+    if isinstance(value, DTensor):
+        return value.full_tensor().detach().clone()
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: full(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(full(v) for v in value)
+    return value
 
 
 def baseline(steps: int, accumulate: int = 1) -> dict[str, torch.Tensor]:
@@ -137,16 +159,16 @@ def checkpoint_round_trip(strategy: Strategy, path: str, steps: int) -> dict[str
 
     def step(k: int) -> None:
         x, y = batch(k)
-        x = x.chunk(strategy.world_size)[strategy.global_rank]
-        y = y.chunk(strategy.world_size)[strategy.global_rank]
+        x = share(x, strategy)
+        y = share(y, strategy)
         strategy.backward(nn.functional.mse_loss(net(x).float(), y), net)
         strategy.optimizer_step(opt)
         opt.zero_grad()
 
     for k in range(steps):
         step(k)
-    saved_params = {k: v.clone() for k, v in net.state_dict().items()}
-    saved_opt = copy.deepcopy(opt.state_dict())  # state_dict shares the live tensors
+    saved_params = full(net.state_dict())
+    saved_opt = full(opt.state_dict())  # copies: state_dict shares the live tensors
     saved_precision = strategy.precision.state_dict()
     strategy.save_checkpoint(path, {"model": net, "optimizer": opt, "epoch": 3, "tag": "x"})
     for k in range(steps, steps + 2):  # move away from the saved state
@@ -158,9 +180,8 @@ def checkpoint_round_trip(strategy: Strategy, path: str, steps: int) -> dict[str
     state: dict[str, Any] = {"model": fresh, "optimizer": fresh_opt, "epoch": 0}
     rest = strategy.load_checkpoint(path, state)
     return {
-        "params_equal": all(torch.equal(saved_params[k], v)
-                            for k, v in fresh.state_dict().items()),
-        "optimizer_equal": _same(saved_opt, fresh_opt.state_dict()),
+        "params_equal": _same(saved_params, full(fresh.state_dict())),
+        "optimizer_equal": _same(saved_opt, full(fresh_opt.state_dict())),
         "precision_state": saved_precision,
         "precision_state_after": strategy.precision.state_dict(),
         "epoch": state["epoch"],

@@ -97,6 +97,7 @@ def _deepspeed_rows() -> tuple[StrategySpec, ...]:
             launcher="subprocess",
             requires=("deepspeed",),
             options=options,
+            precision_plugin="deepspeed",
         )
         for name, options, what in variants
     )
@@ -125,6 +126,7 @@ BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
         precisions=_SHARDED,
         launcher="subprocess",
         substitutes={"xla": "xla_fsdp"},
+        precision_plugin="fsdp",
     ),
     StrategySpec(
         name="fsdp_cpu_offload",
@@ -137,6 +139,7 @@ BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
         launcher="subprocess",
         options={"cpu_offload": True},
         substitutes={"cpu": "fsdp", "xla": "xla_fsdp"},
+        precision_plugin="fsdp",
     ),
     StrategySpec(
         name="model_parallel",
@@ -157,6 +160,7 @@ BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
         precisions=_XLA,
         launcher="xla",
         requires=("torch_xla",),
+        precision_plugin="xla",
         substitutes={"cpu": "ddp", "cuda": "ddp"},
     ),
     StrategySpec(
@@ -168,6 +172,7 @@ BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
         precisions=_XLA,
         launcher="xla",
         requires=("torch_xla",),
+        precision_plugin="xla",
         options={"debug": True},
     ),
     StrategySpec(
@@ -179,6 +184,7 @@ BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
         precisions=_XLA,
         launcher="xla",
         requires=("torch_xla",),
+        precision_plugin="xla",
         substitutes={"cpu": "fsdp", "cuda": "fsdp"},
     ),
     StrategySpec(
@@ -192,6 +198,7 @@ BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
         multi_node=False,
         max_devices=1,
         requires=("torch_xla",),
+        precision_plugin="xla",
         substitutes={"cpu": "single_device", "cuda": "single_device", "mps": "single_device"},
     ),
 )

@@ -172,9 +172,17 @@ def _probe_devices() -> tuple[int, bool, int, frozenset[str]]:
 
 
 def _probe_xla_devices() -> int:  # pragma: no cover - needs torch_xla
+    """XLA devices on this host, without starting the XLA runtime: once it runs in a
+    process, torch_xla refuses to start worker processes from it."""
+    device = os.environ.get("PJRT_DEVICE", "").upper()
     try:
-        import torch_xla.runtime as xr
+        if device == "CPU":
+            # torch_xla's CPU client: one device unless CPU_NUM_DEVICES says more
+            return max(1, int(os.environ.get("CPU_NUM_DEVICES", "1")))
+        if device in ("", "TPU"):
+            from torch_xla._internal import tpu
 
-        return int(xr.addressable_device_count())
+            return int(tpu.num_available_devices())
+        return 0  # other PJRT devices are counted only by starting the runtime
     except Exception:
         return 0

@@ -12,6 +12,7 @@ from interlock.connector.tables import (
     INSTALL_HINTS,
     LAUNCHER_ROWS,
     PRECISION_ROWS,
+    STRATEGY_PRECISION_PLUGINS,
 )
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -40,6 +41,9 @@ class StrategySpec:
         capabilities: free-form capability tags read by the conformance suite.
         variant_of: the strategy this one is a preset of; variants are left out of
             the alternatives that error messages list.
+        precision_plugin: the precision plugin family the strategy needs for every
+            precision (one of ``STRATEGY_PRECISION_PLUGINS``: ``"fsdp"``,
+            ``"deepspeed"``, ``"xla"``); None takes the precision table's plugin.
     """
 
     name: str
@@ -56,6 +60,7 @@ class StrategySpec:
     substitutes: Mapping[str, str] = field(default_factory=dict)
     capabilities: frozenset[str] = frozenset()
     variant_of: str | None = None
+    precision_plugin: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "accelerators", frozenset(self.accelerators))
@@ -133,6 +138,13 @@ def spec_problems(spec: object) -> list[str]:
         problems.append(
             f"requires {unknown} are not optional packages the engine knows; "
             f"known: {', '.join(INSTALL_HINTS)}"
+        )
+    if spec.precision_plugin is not None and (
+        spec.precision_plugin not in STRATEGY_PRECISION_PLUGINS
+    ):
+        problems.append(
+            f"precision_plugin {spec.precision_plugin!r} is unknown; known: "
+            f"{', '.join(STRATEGY_PRECISION_PLUGINS)} or None"
         )
     for accelerator in spec.substitutes:
         if accelerator not in ACCELERATOR_ROWS:

@@ -379,6 +379,10 @@ INSTALL_HINTS: Mapping[str, str] = MappingProxyType(
     }
 )
 
+#: precision plugin families that belong to a strategy rather than to a precision: a
+#: strategy row naming one gets that family's plugin for every precision it supports
+STRATEGY_PRECISION_PLUGINS: tuple[str, ...] = ("fsdp", "deepspeed", "xla")
+
 # --------------------------------------------------------------------------- strategy names
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from interlock.strategies import checkpointing
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.collectives import Collective, ReduceOp
 from interlock.strategies.environments import ClusterEnvironment, LocalEnvironment
@@ -34,7 +35,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 #: Checkpoint key under which the precision's state (the grad scaler's) travels.
-PRECISION_KEY = "interlock/precision"
+PRECISION_KEY = checkpointing.PRECISION_KEY
+
 
 
 class Strategy(ABC):
@@ -175,6 +177,18 @@ class Strategy(ABC):
     def is_global_zero(self) -> bool:
         return self.global_rank == 0
 
+    @property
+    def data_parallel_size(self) -> int:
+        """How many different batches one step sees (ranks that share a batch, as
+        tensor-parallel ranks do, count once): what a distributed sampler's
+        ``num_replicas`` should be."""
+        return self.world_size
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """Which of the :attr:`data_parallel_size` batches this rank takes."""
+        return self.global_rank
+
     # ----------------------------------------------------------------- lifecycle
 
     def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -216,6 +230,19 @@ class Strategy(ABC):
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         """Prepare an optimizer created over the set-up module's parameters."""
         return optimizer
+
+    def setup_module_and_optimizers(
+        self, module: nn.Module, optimizers: Sequence[Optimizer]
+    ) -> tuple[StrategyModule, list[Optimizer]]:
+        """Set up a module and the optimizers over its (set-up) parameters together.
+
+        Strategies that must see both at once (DeepSpeed builds one engine from them)
+        override this; elsewhere it is :meth:`setup_module` then :meth:`setup_optimizer`.
+        Sharded strategies need the optimizers created over the *set-up* module's
+        parameters, so create them after :meth:`setup_module` there.
+        """
+        wrapped = self.setup_module(module)
+        return wrapped, [self.setup_optimizer(o) for o in optimizers]
 
     def module_to_device(self, module: nn.Module) -> nn.Module:
         return module.to(self.root_device)
@@ -296,7 +323,7 @@ class Strategy(ABC):
 
     def save_checkpoint(self, path: str | Path, state: Mapping[str, Any]) -> None:
         """Save modules, optimizers, the precision's state and plain values (rank 0
-        writes, atomically; every rank waits for it)."""
+        writes one file, atomically; every rank waits for it)."""
         checkpoint = {name: _state_of(value) for name, value in state.items()}
         precision_state = self.precision.state_dict()
         if precision_state:
@@ -308,18 +335,20 @@ class Strategy(ABC):
     def load_checkpoint(self, path: str | Path, state: dict[str, Any],
                         *, weights_only: bool = True) -> dict[str, Any]:
         """Restore modules and optimizers of ``state`` in place, set its plain values,
-        and return the checkpoint entries ``state`` did not name."""
+        and return the checkpoint entries ``state`` did not name.
+
+        ``path`` is a checkpoint file, or a distributed checkpoint directory (as sharded
+        strategies write), which is resharded into this strategy's modules.
+        """
+        if checkpointing.is_distributed_checkpoint(path):
+            return checkpointing.load_distributed(self, path, state, weights_only=weights_only)
         checkpoint = self.checkpoint_io.load_checkpoint(
             path, map_location="cpu", weights_only=weights_only
         )
-        missing = sorted(name for name in state if name not in checkpoint)
-        if missing:
+        problem = checkpointing.missing_entries(path, checkpoint, state)
+        if problem is not None:
             # refuse before restoring anything: no half-loaded state
-            raise CheckpointLoadError(
-                str(path), f"checkpoint {str(path)!r} has no entr"
-                f"{'y' if len(missing) == 1 else 'ies'} {', '.join(map(repr, missing))}; it has "
-                f"{', '.join(map(repr, sorted(k for k in checkpoint if k != PRECISION_KEY)))}"
-            )
+            raise CheckpointLoadError(str(path), problem)
         precision_state = checkpoint.pop(PRECISION_KEY, None)
         if precision_state is not None:
             self.precision.load_state_dict(precision_state)

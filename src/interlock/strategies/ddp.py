@@ -12,16 +12,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from interlock.connector.builtin import BUILTIN_STRATEGIES
-from interlock.connector.tables import LAUNCHER_ROWS
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.environments import ClusterEnvironment
 from interlock.strategies.io import CheckpointIO
-from interlock.strategies.launchers import (
-    ExternalLauncher,
-    Launcher,
-    MultiProcessingLauncher,
-    SubprocessScriptLauncher,
-)
 from interlock.strategies.module_wrapper import StrategyModule
 from interlock.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 from interlock.strategies.precision import Precision
@@ -105,24 +98,10 @@ class DDPStrategy(ParallelStrategy):
         """The registry name: its plan's, else that of its launch style."""
         return self.plan.strategy if self.plan is not None else DDP_NAMES[self.start_method]
 
-    def _make_launcher(self) -> Launcher:
-        cluster = self.cluster_environment
+    def _launcher_name(self) -> str:
         # the plan's launcher when there is a plan, else the table's for the start method
-        name = self.plan.launcher if self.plan is not None else _LAUNCHER_OF[self.start_method]
-        if name == "external" or (name != "subprocess" and cluster.creates_processes_externally):
-            return ExternalLauncher()
-        where: dict[str, Any] = {
-            "num_processes": self.num_processes,
-            "node_rank": cluster.node_rank(),
-            "num_nodes": self.num_nodes,
-            "main_address": cluster.main_address,
-            "main_port": cluster.main_port,
-        }
-        if name == "subprocess":
-            # also in the script launcher's own children, which it recognises and serves
-            return SubprocessScriptLauncher(**where)
-        start_method = LAUNCHER_ROWS[str(name)].start_method
-        return MultiProcessingLauncher(start_method=str(start_method), **where)
+        planned = self.plan.launcher if self.plan is not None else None
+        return planned or _LAUNCHER_OF[self.start_method]
 
     def _wrap_module(self, module: nn.Module) -> nn.Module:
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None

@@ -5,16 +5,22 @@ from __future__ import annotations
 import datetime
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from interlock.connector.tables import ACCELERATOR_ROWS
+from interlock.connector.tables import ACCELERATOR_ROWS, LAUNCHER_ROWS
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.base import Strategy
 from interlock.strategies.collectives import Collective, TorchCollective
 from interlock.strategies.environments import ClusterEnvironment
 from interlock.strategies.io import CheckpointIO
+from interlock.strategies.launchers import (
+    ExternalLauncher,
+    Launcher,
+    MultiProcessingLauncher,
+    SubprocessScriptLauncher,
+)
 from interlock.strategies.launchers.base import RANK0_SERVES_ENV, RENDEZVOUS_ENV
 from interlock.strategies.launchers.rendezvous import connect_store
 from interlock.strategies.precision import Precision
@@ -63,6 +69,31 @@ class ParallelStrategy(Strategy):
             self.parallel_devices = [torch.device(d) for d in plan.parallel_devices]
         if "num_nodes" not in self._given:
             self.num_nodes = plan.num_nodes
+
+    def _launcher_name(self) -> str:
+        """The launcher table's name for how this strategy starts its processes: the
+        plan's, else the script launcher."""
+        if self.plan is not None and self.plan.launcher is not None:
+            return self.plan.launcher
+        return "subprocess"
+
+    def _make_launcher(self) -> Launcher:
+        cluster = self.cluster_environment
+        name = self._launcher_name()
+        if name == "external" or (name != "subprocess" and cluster.creates_processes_externally):
+            return ExternalLauncher()
+        where: dict[str, Any] = {
+            "num_processes": self.num_processes,
+            "node_rank": cluster.node_rank(),
+            "num_nodes": self.num_nodes,
+            "main_address": cluster.main_address,
+            "main_port": cluster.main_port,
+        }
+        if name == "subprocess":
+            # also in the script launcher's own children, which it recognises and serves
+            return SubprocessScriptLauncher(**where)
+        start_method = LAUNCHER_ROWS[name].start_method
+        return MultiProcessingLauncher(start_method=str(start_method), **where)
 
     @property
     def collective(self) -> Collective:

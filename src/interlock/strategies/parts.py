@@ -43,7 +43,9 @@ def parts_from_plan(plan: Plan) -> dict[str, Any]:
     for kind, base in _PLUGIN_BASES.items():
         _check(by_kind.get(kind), base, "plugins", "invalid-plugin")
     _check(plan.accelerator_instance, Accelerator, "accelerator", "unknown-accelerator")
-    precision = by_kind.get("precision") or precision_for(plan.precision, plan.accelerator)
+    precision = by_kind.get("precision") or precision_for(
+        plan.precision, plan.accelerator, plan.spec.precision_plugin
+    )
     checkpoint_io = by_kind.get("checkpoint_io") or TorchCheckpointIO()
     cluster = by_kind.get("cluster_environment") or environment_for(plan.cluster_environment)
     return {

@@ -35,21 +35,23 @@ class TorchCollective(Collective):
         self,
         *,
         backend: str,
-        rank: int,
-        world_size: int,
+        rank: int = -1,
+        world_size: int = -1,
         store: dist.Store | None = None,
         timeout: datetime.timedelta | None = None,
         device_id: torch.device | None = None,
+        init_method: str | None = None,
     ) -> None:
-        """Create the default process group (``env://`` when no store is given)."""
+        """Create the default process group (``env://`` when neither a store nor an
+        ``init_method`` such as ``xla://`` is given; -1 lets the method supply ranks)."""
         if dist.is_initialized():
             raise RuntimeError(
                 "a default process group already exists in this process; tear the other "
                 "strategy down first"
             )
         dist.init_process_group(
-            backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
-            device_id=device_id,
+            backend, init_method=init_method, store=store, rank=rank, world_size=world_size,
+            timeout=timeout, device_id=device_id,
         )
         self._created = True
 

@@ -6,7 +6,12 @@ imports ``transformer_engine`` until a Transformer Engine plugin is created.
 
 from __future__ import annotations
 
-from interlock.connector.tables import ACCELERATOR_NAMES, PRECISION_NAMES, PRECISION_ROWS
+from interlock.connector.tables import (
+    ACCELERATOR_NAMES,
+    PRECISION_NAMES,
+    PRECISION_ROWS,
+    STRATEGY_PRECISION_PLUGINS,
+)
 from interlock.strategies.precision.base import Precision
 from interlock.strategies.precision.double import DoublePrecision
 from interlock.strategies.precision.half import HalfPrecision
@@ -31,15 +36,17 @@ __all__ = [
 ]
 
 
-def precision_for(name: str, device_type: str) -> Precision:
+def precision_for(name: str, device_type: str, plugin: str | None = None) -> Precision:
     """The plugin for a canonical precision name on a device type.
 
     Args:
         name: a canonical name from ``PRECISION_NAMES`` (the Plan's ``precision``).
         device_type: the accelerator's torch device type (``"cpu"``, ``"cuda"``, ...).
+        plugin: a strategy's own plugin family (``StrategySpec.precision_plugin``:
+            ``"fsdp"``, ``"deepspeed"``, ``"xla"``); None takes the precision table's.
 
     Raises:
-        ValueError: for a name or device type that is not canonical.
+        ValueError: for a name, device type or plugin family that is not canonical.
         MissingPackageError: for a Transformer Engine precision without the package.
     """
     if device_type not in ACCELERATOR_NAMES:
@@ -53,6 +60,8 @@ def precision_for(name: str, device_type: str) -> Precision:
             f"precision_for(name={name!r}): expected a canonical precision, one of "
             f"{', '.join(map(repr, PRECISION_NAMES))}"
         )
+    if plugin is not None:
+        return _strategy_precision(plugin, name, device_type)
     # which plugin family implements a precision is a table fact (PrecisionRow.plugin)
     family = row.plugin
     if family == "true":
@@ -66,3 +75,23 @@ def precision_for(name: str, device_type: str) -> Precision:
     if family == "transformer_engine":
         return TransformerEnginePrecision(name)
     raise RuntimeError(f"internal error: no plugin family {family!r} for {name!r}")
+
+
+def _strategy_precision(plugin: str, name: str, device_type: str) -> Precision:
+    # imported here: each family's module is loaded only by the strategies that use it
+    if plugin == "fsdp":
+        from interlock.strategies.precision.fsdp import FSDPPrecision
+
+        return FSDPPrecision(name, device_type)
+    if plugin == "deepspeed":
+        from interlock.strategies.precision.deepspeed import DeepSpeedPrecision
+
+        return DeepSpeedPrecision(name)
+    if plugin == "xla":
+        from interlock.strategies.precision.xla import XLAPrecision
+
+        return XLAPrecision(name)
+    raise ValueError(
+        f"precision_for(plugin={plugin!r}): expected None or one of "
+        f"{', '.join(map(repr, STRATEGY_PRECISION_PLUGINS))}"
+    )

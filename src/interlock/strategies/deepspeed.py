@@ -1,0 +1,248 @@
+"""`DeepSpeedStrategy`: ZeRO stages 1-3 with optional CPU/NVMe offloading.
+
+deepspeed is imported when the strategy is set up, never at import time; the engine
+refuses the deepspeed rows when the package is missing (``missing-package``) and on
+any accelerator but cuda.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from interlock.connector.tables import INSTALL_HINTS
+from interlock.strategies.accelerators import Accelerator
+from interlock.strategies.deepspeed_config import deepspeed_config
+from interlock.strategies.environments import ClusterEnvironment
+from interlock.strategies.io import CheckpointIO, CheckpointLoadError
+from interlock.strategies.module_wrapper import StrategyModule, unwrap
+from interlock.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+from interlock.strategies.precision import Precision
+
+if TYPE_CHECKING:
+    from interlock.connector.planner import Plan
+
+
+def import_deepspeed() -> Any:
+    """The deepspeed package, or an ImportError with the install hint."""
+    try:
+        import deepspeed
+    except ImportError as exc:
+        raise ImportError(
+            f"DeepSpeedStrategy needs deepspeed: {INSTALL_HINTS['deepspeed']}"
+        ) from exc
+    return deepspeed
+
+
+class DeepSpeedStrategy(ParallelStrategy):
+    """DeepSpeed's ZeRO engine: one engine per rank built from the module and optimizer.
+
+    Use :meth:`setup_module_and_optimizers` (the engine needs both at once);
+    :meth:`backward` and :meth:`optimizer_step` go through the engine, which scales
+    the loss, reduces and partitions gradients, steps and zeroes them.
+
+    Args:
+        stage, offload_optimizer, offload_parameters, remote_device, nvme_path: the
+            ZeRO configuration (see :func:`deepspeed_config`).
+        config: a dict or JSON file merged over the generated configuration.
+        backend, timeout: as for every parallel strategy.
+    """
+
+    registry_name: ClassVar[str] = "deepspeed"
+
+    def __init__(
+        self,
+        *,
+        stage: int = 2,
+        offload_optimizer: bool = False,
+        offload_parameters: bool = False,
+        remote_device: str = "cpu",
+        nvme_path: str | None = None,
+        config: Mapping[str, Any] | str | Path | None = None,
+        accelerator: Accelerator | None = None,
+        parallel_devices: Sequence[torch.device | str] | None = None,
+        num_nodes: int | None = None,
+        precision: Precision | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        backend: str | None = None,
+        timeout: datetime.timedelta = DEFAULT_TIMEOUT,
+    ) -> None:
+        super().__init__(
+            accelerator=accelerator, parallel_devices=parallel_devices, num_nodes=num_nodes,
+            precision=precision, checkpoint_io=checkpoint_io,
+            cluster_environment=cluster_environment, backend=backend, timeout=timeout,
+        )
+        self.zero_options: dict[str, Any] = {
+            "stage": stage, "offload_optimizer": offload_optimizer,
+            "offload_parameters": offload_parameters, "remote_device": remote_device,
+            "nvme_path": nvme_path,
+        }
+        self._overrides = config
+        # refuse bad options now; a missing NVMe path only at setup, so that the
+        # nvme row resolves by name and the error says what to pass
+        deepspeed_config(**{**self.zero_options, "nvme_path": nvme_path or "?"},
+                         overrides=config)
+        self._engine: Any = None
+
+    @classmethod
+    def from_plan(cls, plan: Plan) -> DeepSpeedStrategy:
+        strategy = cls(**dict(plan.spec.options))  # type: ignore[arg-type]
+        strategy.complete(plan)
+        return strategy
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The DeepSpeed configuration for the current options and precision."""
+        return deepspeed_config(**self.zero_options, precision=self.precision.precision,
+                                overrides=self._overrides)
+
+    @property
+    def engine(self) -> Any:
+        """The DeepSpeed engine (after :meth:`setup_module_and_optimizers`)."""
+        if self._engine is None:
+            raise RuntimeError("no DeepSpeed engine yet: call setup_module_and_optimizers()")
+        return self._engine
+
+    def setup_environment(self) -> None:
+        deepspeed = import_deepspeed()
+        super().setup_environment()
+        # DeepSpeed's communication layer adopts the process group set up above
+        deepspeed.init_distributed(dist_backend=self.backend, dist_init_required=False,
+                                   auto_mpi_discovery=False)
+
+    def teardown(self) -> None:
+        if self._engine is not None:
+            destroy = getattr(self._engine, "destroy", None)
+            if callable(destroy):
+                destroy()
+            self._engine = None
+        super().teardown()
+
+    # ----------------------------------------------------------------- modules
+
+    def setup_module_and_optimizers(
+        self, module: nn.Module, optimizers: Sequence[Optimizer]
+    ) -> tuple[StrategyModule, list[Optimizer]]:
+        if len(optimizers) != 1:
+            raise ValueError(
+                f"DeepSpeed builds one engine from one module and one optimizer; got "
+                f"{len(optimizers)} optimizers"
+            )
+        deepspeed = import_deepspeed()
+        module = self.precision.convert_module(module)
+        engine, optimizer, _, _ = deepspeed.initialize(
+            model=module, optimizer=optimizers[0], config=self.config,
+            dist_init_required=False,
+        )
+        self._engine = engine
+        return StrategyModule(engine, module, self.precision), [optimizer]
+
+    def setup_module(self, module: nn.Module) -> StrategyModule:
+        """An engine without an optimizer (inference); to train, use
+        :meth:`setup_module_and_optimizers`."""
+        deepspeed = import_deepspeed()
+        module = self.precision.convert_module(module)
+        engine, _, _, _ = deepspeed.initialize(model=module, config=self.config,
+                                               dist_init_required=False)
+        self._engine = engine
+        return StrategyModule(engine, module, self.precision)
+
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        raise RuntimeError(
+            "DeepSpeed builds its engine from the module and the optimizer together: call "
+            "strategy.setup_module_and_optimizers(module, [optimizer]) instead"
+        )
+
+    @contextlib.contextmanager
+    def module_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
+        """Under ZeRO stage 3 parameters are partitioned as they are created
+        (``deepspeed.zero.Init``); otherwise as for every strategy."""
+        if self.zero_options["stage"] != 3:
+            with super().module_init_context(empty_init):
+                yield
+            return
+        deepspeed = import_deepspeed()
+        with deepspeed.zero.Init(config_dict_or_path=self.config,
+                                 remote_device=self.zero_options["remote_device"]):
+            yield
+
+    # ----------------------------------------------------------------- steps
+
+    def backward(self, loss: torch.Tensor, module: nn.Module | None = None, *args: Any,
+                 **kwargs: Any) -> None:
+        self.engine.backward(loss, *args, **kwargs)
+
+    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+        """The engine's step: unscale, clip (``gradient_clipping`` in the config), step
+        and zero the gradients."""
+        return self.engine.step(**kwargs)
+
+    def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float,
+                            norm_type: float = 2.0) -> torch.Tensor:
+        raise RuntimeError(
+            "DeepSpeed clips inside its step: set config={'gradient_clipping': "
+            f"{max_norm}}} on DeepSpeedStrategy instead of calling clip_gradients_norm"
+        )
+
+    def clip_gradients_value(self, module: nn.Module, optimizer: Optimizer,
+                             clip_value: float) -> None:
+        raise RuntimeError("DeepSpeed clips gradients by norm only, inside its step: set "
+                           "config={'gradient_clipping': ...} on DeepSpeedStrategy")
+
+    @contextlib.contextmanager
+    def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> Iterator[None]:
+        if enabled:
+            raise RuntimeError(
+                "DeepSpeed accumulates gradients itself: set config="
+                "{'gradient_accumulation_steps': N} and call backward and optimizer_step "
+                "every micro-batch, without no_backward_sync"
+            )
+        yield
+
+    # ----------------------------------------------------------------- checkpoints
+
+    def save_checkpoint(self, path: str | Path, state: Mapping[str, Any]) -> None:
+        """A DeepSpeed checkpoint directory (every rank writes its partitions); the
+        engine's module and optimizer are saved by the engine, plain values with them."""
+        plain = self._plain_values(state)
+        self.engine.save_checkpoint(str(path), client_state=plain)
+
+    def load_checkpoint(self, path: str | Path, state: dict[str, Any],
+                        *, weights_only: bool = True) -> dict[str, Any]:
+        plain = self._plain_values(state)
+        load_path, client = self.engine.load_checkpoint(
+            str(path), load_optimizer_states=True, load_lr_scheduler_states=False
+        )
+        if load_path is None:
+            raise CheckpointLoadError(str(path), f"no DeepSpeed checkpoint at {str(path)!r}")
+        missing = sorted(name for name in plain if name not in client)
+        if missing:
+            raise CheckpointLoadError(
+                str(path), f"checkpoint {str(path)!r} has no entries {missing}"
+            )
+        for name in plain:
+            state[name] = client.pop(name)
+        return dict(client)
+
+    def _plain_values(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        engine_module = unwrap(self.engine.module) if self._engine is not None else None
+        plain: dict[str, Any] = {}
+        for name, value in state.items():
+            if isinstance(value, nn.Module):
+                inner = value.forward_module if isinstance(value, StrategyModule) else value
+                if inner is not self._engine and unwrap(value) is not engine_module:
+                    raise ValueError(
+                        f"{name!r} is not the module of this strategy's DeepSpeed engine; "
+                        "DeepSpeed checkpoints hold exactly the engine's module"
+                    )
+            elif not isinstance(value, Optimizer):
+                plain[name] = value
+        return plain

@@ -1,0 +1,122 @@
+"""The DeepSpeed configuration a strategy row's options and a precision stand for.
+
+Pure data: nothing here imports deepspeed, so configurations are built and checked
+on any machine.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+#: ZeRO stages DeepSpeed offers: 0 (plain data parallel), 1 (optimizer state
+#: sharded), 2 (+ gradients), 3 (+ parameters)
+ZERO_STAGES = (0, 1, 2, 3)
+#: where offloaded state can live
+OFFLOAD_DEVICES = ("cpu", "nvme")
+
+
+def deepspeed_config(
+    *,
+    stage: int = 2,
+    offload_optimizer: bool = False,
+    offload_parameters: bool = False,
+    remote_device: str = "cpu",
+    nvme_path: str | None = None,
+    precision: str = "32-true",
+    overrides: Mapping[str, Any] | str | Path | None = None,
+) -> dict[str, Any]:
+    """The DeepSpeed config dict for a ZeRO stage, offloading and precision.
+
+    Args:
+        stage: ZeRO stage (``ZERO_STAGES``).
+        offload_optimizer: keep optimizer state (and its step) on ``remote_device``.
+        offload_parameters: keep parameters on ``remote_device`` (stage 3 only).
+        remote_device: ``"cpu"``, or ``"nvme"`` (ZeRO-Infinity; needs ``nvme_path``).
+        nvme_path: a directory on a fast local disk, for ``remote_device="nvme"``.
+        precision: the canonical precision: ``16-*`` enables DeepSpeed's fp16 with
+            dynamic loss scaling, ``bf16-*`` its bf16.
+        overrides: a dict (or a JSON file) merged over the result, key by key at
+            every level, for anything else DeepSpeed accepts.
+
+    Raises:
+        ValueError: for an unknown stage or device, offloading parameters below stage
+            3, nvme without a path, or an overrides file that is not a JSON object.
+    """
+    if stage not in ZERO_STAGES:
+        raise ValueError(f"stage={stage!r}: DeepSpeed's ZeRO stages are {ZERO_STAGES}")
+    if remote_device not in OFFLOAD_DEVICES:
+        raise ValueError(f"remote_device={remote_device!r}: expected one of {OFFLOAD_DEVICES}")
+    if offload_parameters and stage != 3:
+        raise ValueError(
+            f"offload_parameters=True needs ZeRO stage 3 (parameters are partitioned only "
+            f"there); stage is {stage}"
+        )
+    if remote_device == "nvme" and not nvme_path:
+        raise ValueError("remote_device='nvme' needs nvme_path: a directory on a local NVMe disk")
+    if remote_device == "nvme" and not (offload_optimizer or offload_parameters):
+        raise ValueError("remote_device='nvme' without offload_optimizer or "
+                         "offload_parameters offloads nothing")
+
+    zero: dict[str, Any] = {
+        "stage": stage,
+        "contiguous_gradients": True,
+        "overlap_comm": True,
+        "allgather_bucket_size": 200_000_000,
+        "reduce_bucket_size": 200_000_000,
+    }
+    if stage == 3:
+        zero["sub_group_size"] = 1_000_000_000
+    if offload_optimizer:
+        zero["offload_optimizer"] = _offload(remote_device, nvme_path)
+    if offload_parameters:
+        zero["offload_param"] = _offload(remote_device, nvme_path)
+    config: dict[str, Any] = {
+        "zero_optimization": zero,
+        # interlock's loop steps once per call: accumulation is the caller's business
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "zero_allow_untested_optimizer": True,
+    }
+    if precision.startswith("16-"):
+        config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16,
+                          "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
+    elif precision.startswith("bf16-"):
+        config["bf16"] = {"enabled": True}
+    return merge(config, _read_overrides(overrides))
+
+
+def _offload(device: str, nvme_path: str | None) -> dict[str, Any]:
+    offload: dict[str, Any] = {"device": device, "pin_memory": True}
+    if device == "nvme":
+        offload["nvme_path"] = nvme_path
+    return offload
+
+
+def _read_overrides(overrides: Mapping[str, Any] | str | Path | None) -> dict[str, Any]:
+    if overrides is None:
+        return {}
+    if isinstance(overrides, Mapping):
+        return dict(overrides)
+    path = Path(overrides)
+    try:
+        loaded = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"DeepSpeed config {str(path)!r} could not be read: {error}") from error
+    if not isinstance(loaded, dict):
+        raise ValueError(f"DeepSpeed config {str(path)!r} holds {type(loaded).__name__}, "
+                         "not a JSON object")
+    return loaded
+
+
+def merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``overrides`` applied: nested dicts merge, anything else replaces."""
+    merged = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged

@@ -1,0 +1,247 @@
+"""`FSDPStrategy`: fully sharded data parallel on FSDP2 (``fully_shard``).
+
+Each rank keeps ``1/world_size`` of every parameter, gradient and optimizer state; a
+sharded module gathers its full parameters just before its forward and backward and
+frees them again after (``reshard_after_forward``). Runs on cuda over nccl and on the
+CPU over gloo.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    fully_shard,
+)
+from torch.optim import Optimizer
+
+from interlock.strategies import checkpointing
+from interlock.strategies.accelerators import Accelerator
+from interlock.strategies.environments import ClusterEnvironment
+from interlock.strategies.io import CheckpointIO
+from interlock.strategies.module_wrapper import unwrap
+from interlock.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+from interlock.strategies.precision import Precision
+from interlock.strategies.precision.fsdp import FSDPPrecision
+from interlock.strategies.sharding import (
+    apply_activation_checkpointing,
+    has_meta_tensors,
+    materialize_meta,
+    total_norm,
+)
+
+if TYPE_CHECKING:
+    from interlock.connector.planner import Plan
+
+#: which submodules get their own ``fully_shard`` call (the root always gets one): a
+#: set of module classes, or a predicate over modules
+WrapPolicy = Iterable[type[nn.Module]] | Callable[[nn.Module], bool]
+
+StateDictType = Literal["full", "sharded"]
+
+
+class FSDPStrategy(ParallelStrategy):
+    """Fully sharded data parallel over a 1-D device mesh of all ranks.
+
+    Args:
+        auto_wrap_policy: module classes (or a predicate) whose instances are sharded
+            as separate units: each gathers its parameters only while it runs, which
+            is what bounds peak memory. None shards the root module as one unit.
+        activation_checkpointing: module classes whose activations are recomputed in
+            backward instead of kept.
+        reshard_after_forward: free gathered parameters after forward (True), keep
+            them until backward (False), or reshard to a smaller group of this size.
+        cpu_offload: keep shards, gradients and optimizer state in CPU memory between
+            uses (needs an accelerator to offload from: cuda).
+        state_dict_type: checkpoints as one ``"full"`` file (gathered on rank 0, the
+            DDP layout) or a ``"sharded"`` directory (torch.distributed.checkpoint).
+        backend, timeout: as for every parallel strategy.
+    """
+
+    registry_name: ClassVar[str] = "fsdp"
+
+    def __init__(
+        self,
+        *,
+        accelerator: Accelerator | None = None,
+        parallel_devices: Sequence[torch.device | str] | None = None,
+        num_nodes: int | None = None,
+        precision: Precision | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        auto_wrap_policy: WrapPolicy | None = None,
+        activation_checkpointing: Iterable[type[nn.Module]] | None = None,
+        reshard_after_forward: bool | int = True,
+        cpu_offload: bool = False,
+        state_dict_type: str = "full",
+        backend: str | None = None,
+        timeout: datetime.timedelta = DEFAULT_TIMEOUT,
+    ) -> None:
+        if state_dict_type not in ("full", "sharded"):
+            raise ValueError(
+                f"FSDPStrategy(state_dict_type={state_dict_type!r}): expected 'full' or "
+                "'sharded'"
+            )
+        if not isinstance(reshard_after_forward, bool) and (
+            not isinstance(reshard_after_forward, int) or reshard_after_forward < 1
+        ):
+            raise ValueError(
+                f"FSDPStrategy(reshard_after_forward={reshard_after_forward!r}): expected a "
+                "bool or a group size >= 1"
+            )
+        super().__init__(
+            accelerator=accelerator, parallel_devices=parallel_devices, num_nodes=num_nodes,
+            precision=precision, checkpoint_io=checkpoint_io,
+            cluster_environment=cluster_environment, backend=backend, timeout=timeout,
+        )
+        self.auto_wrap_policy = _as_predicate(auto_wrap_policy)
+        self.activation_checkpointing = tuple(activation_checkpointing or ())
+        self.reshard_after_forward = reshard_after_forward
+        self.cpu_offload = cpu_offload
+        self.state_dict_type: StateDictType = (
+            "sharded" if state_dict_type == "sharded" else "full"
+        )
+        self._mesh: DeviceMesh | None = None
+
+    @classmethod
+    def from_plan(cls, plan: Plan) -> FSDPStrategy:
+        strategy = cls(**dict(plan.spec.options))  # type: ignore[arg-type]
+        strategy.complete(plan)
+        return strategy
+
+    @property
+    def name(self) -> str:
+        if self.plan is not None:
+            return self.plan.strategy
+        return "fsdp_cpu_offload" if self.cpu_offload else "fsdp"
+
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        """The 1-D mesh of all ranks (after :meth:`setup_environment`)."""
+        if self._mesh is None:
+            raise RuntimeError("FSDPStrategy has no device mesh before setup_environment()")
+        return self._mesh
+
+    def setup_environment(self) -> None:
+        if self.cpu_offload and self.root_device.type == "cpu":
+            raise ValueError(
+                "FSDPStrategy(cpu_offload=True) offloads from an accelerator to CPU memory; "
+                "on the CPU there is nothing to offload: use strategy='fsdp'"
+            )
+        super().setup_environment()
+        if self._mesh is None:
+            self._mesh = init_device_mesh(self.root_device.type, (self.world_size,),
+                                          mesh_dim_names=("data_parallel",))
+
+    def teardown(self) -> None:
+        self._mesh = None
+        super().teardown()
+
+    # ----------------------------------------------------------------- modules
+
+    @contextlib.contextmanager
+    def module_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
+        """Build a module in the precision's dtype; with ``empty_init=True`` on the meta
+        device (no memory at all): each rank materialises only its own shards in
+        :meth:`setup_module`, and re-initialises them with ``reset_parameters``."""
+        if not empty_init:
+            with super().module_init_context(empty_init):
+                yield
+            return
+        with torch.device("meta"), self.precision.module_init_context():
+            yield
+
+    def module_to_device(self, module: nn.Module) -> nn.Module:
+        # a module on the meta device is materialised shard by shard after sharding
+        return module if has_meta_tensors(module) else module.to(self.root_device)
+
+    def _wrap_module(self, module: nn.Module) -> nn.Module:
+        on_meta = has_meta_tensors(module)
+        apply_activation_checkpointing(module, self.activation_checkpointing)
+        options = self._shard_options()
+        # children before parents: a unit's parameters are those no inner unit took
+        for sub in reversed(list(module.modules())[1:]):
+            if self.auto_wrap_policy(sub):
+                fully_shard(sub, **options)
+        fully_shard(module, **options)
+        if on_meta:
+            materialize_meta(module, torch.device("cpu") if self.cpu_offload
+                             else self.root_device)
+        return module
+
+    def _shard_options(self) -> dict[str, Any]:
+        precision = self.precision
+        policy = (precision.mixed_precision_policy if isinstance(precision, FSDPPrecision)
+                  else None)
+        options: dict[str, Any] = {
+            "mesh": self.device_mesh,
+            "reshard_after_forward": self.reshard_after_forward,
+            "mp_policy": policy or MixedPrecisionPolicy(),
+        }
+        if self.cpu_offload:
+            options["offload_policy"] = CPUOffloadPolicy()
+        return options
+
+    @contextlib.contextmanager
+    def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> Iterator[None]:
+        """Accumulate unsharded gradients locally; the first backward outside reduces
+        the accumulated sum."""
+        inner = unwrap(module)
+        if not enabled or not isinstance(inner, FSDPModule):
+            yield
+            return
+        inner.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            inner.set_requires_gradient_sync(True)
+
+    def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float,
+                            norm_type: float = 2.0) -> torch.Tensor:
+        """Clip by the norm of the full (all shards') gradient; returns that norm."""
+        self.precision.unscale_gradients(optimizer)
+        return total_norm(torch.nn.utils.clip_grad_norm_(
+            unwrap(module).parameters(), max_norm, norm_type=norm_type
+        ))
+
+    # ----------------------------------------------------------------- checkpoints
+
+    def save_checkpoint(self, path: str | Path, state: Mapping[str, Any]) -> None:
+        """Save ``state`` as one full file (``state_dict_type="full"``, the layout every
+        strategy loads) or a distributed checkpoint directory (``"sharded"``)."""
+        if self.state_dict_type == "sharded":
+            checkpointing.save_distributed(self, path, state)
+        else:
+            checkpointing.save_full(self, path, state)
+
+    def load_checkpoint(self, path: str | Path, state: dict[str, Any],
+                        *, weights_only: bool = True) -> dict[str, Any]:
+        """Load a full file (read on rank 0, scattered) or a distributed checkpoint
+        directory saved at any world size."""
+        if checkpointing.is_distributed_checkpoint(path):
+            return checkpointing.load_distributed(self, path, state, weights_only=weights_only)
+        return checkpointing.load_full(self, path, state, weights_only=weights_only)
+
+
+def _as_predicate(policy: WrapPolicy | None) -> Callable[[nn.Module], bool]:
+    if policy is None:
+        return lambda module: False
+    if callable(policy) and not isinstance(policy, type):
+        return policy
+    classes = tuple(policy)  # type: ignore[arg-type]
+    for cls in classes:
+        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+            raise TypeError(
+                f"auto_wrap_policy: expected nn.Module classes or a callable, got {cls!r}"
+            )
+    return lambda module: isinstance(module, classes)

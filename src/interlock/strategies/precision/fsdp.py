@@ -1,0 +1,141 @@
+"""`FSDPPrecision`: every precision of a fully sharded (FSDP2) module.
+
+FSDP2 keeps the sharded parameters in their stored dtype and casts the gathered copies
+for compute according to a :class:`MixedPrecisionPolicy`. This plugin owns that
+policy and delegates everything else (module casting, autocast, the loss scaler's
+bookkeeping) to the plugin the precision table names, so the behaviour of a precision
+is written once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.optim import Optimizer
+
+from interlock.connector.tables import PRECISION_ROWS
+from interlock.strategies.precision.base import Precision
+from interlock.strategies.precision.half import HalfPrecision
+from interlock.strategies.precision.mixed import MixedPrecision
+from interlock.strategies.precision.true import TruePrecision
+
+#: the precisions FSDP2 supports here (float64 is left out: FSDP2's collectives and
+#: the policy are float32-and-below); the others are refused by the engine's rows
+FSDP_PRECISIONS: tuple[str, ...] = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")
+
+
+class FSDPPrecision(Precision):
+    """The precision plugin of ``FSDPStrategy``.
+
+    - ``32-true``: float32 throughout, no policy.
+    - ``16-true`` / ``bf16-true``: the module is cast before sharding, so the shards,
+      the compute and the gradient reductions are all in the half dtype.
+    - ``16-mixed`` / ``bf16-mixed``: float32 shards; FSDP2 gathers them in the half
+      dtype for compute (``param_dtype``) and reduces gradients in float32
+      (``reduce_dtype``), and the forward runs under autocast. ``16-mixed`` scales the
+      loss with a sharded grad scaler, which agrees on "skip this step" across ranks
+      (each rank sees only its own gradient shards).
+
+    Args:
+        precision: one of ``FSDP_PRECISIONS``.
+        device_type: the torch device type the model computes on.
+    """
+
+    def __init__(self, precision: str, device_type: str) -> None:
+        if precision not in FSDP_PRECISIONS:
+            raise ValueError(
+                f"FSDPPrecision(precision={precision!r}): expected one of "
+                f"{', '.join(map(repr, FSDP_PRECISIONS))}"
+            )
+        self.precision = precision
+        self.device_type = device_type
+        row = PRECISION_ROWS[precision]
+        self._inner: Precision
+        if row.plugin == "mixed":
+            scaler = _sharded_scaler(device_type) if row.scaler else None
+            self._inner = MixedPrecision(precision, device_type, scaler=scaler)
+        elif row.plugin == "half":
+            self._inner = HalfPrecision(precision)
+        else:
+            self._inner = Precision()
+        self.mixed_precision_policy: MixedPrecisionPolicy | None = (
+            MixedPrecisionPolicy(param_dtype=getattr(torch, row.compute_dtype),
+                                 reduce_dtype=torch.float32)
+            if row.plugin == "mixed" else None
+        )
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """The loss scaler (``16-mixed`` only)."""
+        return self._inner.scaler if isinstance(self._inner, MixedPrecision) else None
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the forward pass computes in."""
+        return getattr(torch, PRECISION_ROWS[self.precision].compute_dtype)  # type: ignore[no-any-return]
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        """The dtype the sharded parameters are stored in."""
+        return getattr(torch, PRECISION_ROWS[self.precision].param_dtype)  # type: ignore[no-any-return]
+
+    def convert_module(self, module: nn.Module) -> nn.Module:
+        return self._inner.convert_module(module)
+
+    def convert_input(self, data: Any) -> Any:
+        return self._inner.convert_input(data)
+
+    def convert_output(self, data: Any) -> Any:
+        return self._inner.convert_output(data)
+
+    @contextlib.contextmanager
+    def forward_context(self) -> Iterator[None]:
+        with self._inner.forward_context():
+            yield
+
+    @contextlib.contextmanager
+    def tensor_init_context(self) -> Iterator[None]:
+        with self._inner.tensor_init_context():
+            yield
+
+    @contextlib.contextmanager
+    def module_init_context(self) -> Iterator[None]:
+        with self._inner.module_init_context():
+            yield
+
+    def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any,
+                 **kwargs: Any) -> None:
+        self._inner.backward(tensor, module, *args, **kwargs)
+
+    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+        return self._inner.optimizer_step(optimizer, **kwargs)
+
+    def unscale_gradients(self, optimizer: Optimizer) -> None:
+        self._inner.unscale_gradients(optimizer)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._inner.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._inner.load_state_dict(state_dict)
+
+    def teardown(self) -> None:
+        self._inner.teardown()
+
+    @property
+    def is_half_true(self) -> bool:
+        """Whether the shards themselves are half precision (``16-true``/``bf16-true``)."""
+        return isinstance(self._inner, TruePrecision)
+
+
+def _sharded_scaler(device_type: str) -> torch.amp.GradScaler:
+    # the sharded scaler all-reduces its found-inf flags over the default group, so
+    # every rank skips (or takes) the same steps
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    return ShardedGradScaler(device=device_type)

@@ -1,0 +1,41 @@
+"""`XLAPrecision`: 32-true, 16-true and bf16-true on XLA devices."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.optim import Optimizer
+
+from interlock.connector.tables import PRECISION_ROWS
+from interlock.strategies.precision.half import HalfPrecision
+from interlock.strategies.precision.true import TruePrecision
+
+#: the precisions XLA devices run here (no autocast and no loss scaler on XLA)
+XLA_PRECISIONS: tuple[str, ...] = ("32-true", "16-true", "bf16-true")
+
+
+class XLAPrecision(TruePrecision):
+    """The module, inputs and compute in one dtype; each optimizer step ends the traced
+    graph (``xm.mark_step``), so XLA compiles and runs one step at a time.
+
+    Args:
+        precision: one of ``XLA_PRECISIONS``.
+    """
+
+    def __init__(self, precision: str) -> None:
+        if precision not in XLA_PRECISIONS:
+            raise ValueError(
+                f"XLAPrecision(precision={precision!r}): expected one of "
+                f"{', '.join(map(repr, XLA_PRECISIONS))}"
+            )
+        self.precision = precision
+        self.dtype = (HalfPrecision(precision).dtype if PRECISION_ROWS[precision].plugin == "half"
+                      else torch.float32)
+
+    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+        import torch_xla.core.xla_model as xm
+
+        result = optimizer.step(**kwargs)
+        xm.mark_step()
+        return result
