@@ -1,4 +1,4 @@
-"""Development sessions: tests, typecheck, lint, docs, bench.
+"""Development sessions: tests, typecheck, lint, docs, bench, cluster.
 
 The torch requirement comes from INTERLOCK_TORCH (default ``torch==2.13.0``, a CPU
 build on machines that carry it locally); set it to test against another release.
@@ -7,6 +7,7 @@ build on machines that carry it locally); set it to test against another release
 from __future__ import annotations
 
 import os
+import shutil
 
 import nox
 
@@ -83,5 +84,41 @@ def bench(session: nox.Session) -> None:
         session.run("python", "benchmarks/bench_plan.py", *rest)
     if which in ("", "runtime"):
         session.run("python", "benchmarks/bench_runtime.py", *rest)
-    if which not in ("", "plan", "runtime"):
-        session.error(f"unknown benchmark {which!r}: use 'plan' or 'runtime'")
+    if which in ("", "fsdp"):
+        session.run("python", "benchmarks/bench_fsdp.py", *rest)
+    if which not in ("", "plan", "runtime", "fsdp"):
+        session.error(f"unknown benchmark {which!r}: use 'plan', 'runtime' or 'fsdp'")
+
+
+#: torch_xla wheels exist only for its own torch releases (2.9.0 at the time of
+#: writing), so the xla session has its own torch; a CUDA build from PyPI, about 7 GB
+XLA_PACKAGES = os.environ.get("INTERLOCK_XLA", "torch==2.9.0 torch_xla==2.9.0").split()
+
+
+@nox.session(python=PYTHON)
+def xla(session: nox.Session) -> None:
+    """The XLA strategies on torch_xla's CPU PJRT device (no TPU needed): real training
+    through single_xla, and every XLA unit test. Not part of CI: its environment is
+    several GB; ``INTERLOCK_XLA`` overrides the torch/torch_xla pins."""
+    session.install(*XLA_PACKAGES)
+    session.install("--no-deps", "-e", ".")
+    session.install("numpy", "tabulate", "typeguard>=4.2", "pytest", "pytest-timeout",
+                    "hypothesis")
+    session.run("pytest", "tests/runtime/test_deepspeed_and_xla.py",
+                "--typeguard-packages=interlock", *session.posargs,
+                env={"PJRT_DEVICE": "CPU"})
+
+
+@nox.session(python=PYTHON)
+def cluster(session: nox.Session) -> None:
+    """Real launches: torchrun (two simulated nodes), SLURM (srun, sbatch), Open MPI and
+    interlock's own launchers, with parity, mismatch and fault tests (tests/cluster).
+
+    As root on Debian it first installs slurm-wlm, munge and openmpi-bin (once); the
+    tests start a single-host SLURM for themselves and stop it afterwards. Launchers
+    that are missing are skipped with the reason.
+    """
+    _install(session, "test")
+    if os.name == "posix" and os.geteuid() == 0 and shutil.which("apt-get"):
+        session.run("bash", "tests/cluster/services.sh", "install", external=True)
+    session.run("pytest", "-m", "cluster", "--typeguard-packages=interlock", *session.posargs)

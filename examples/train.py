@@ -8,11 +8,16 @@ run up to floating-point reduction order.
     python examples/train.py --accelerator cpu --devices 2 --strategy ddp --steps 20
     python examples/train.py --devices 2 --strategy ddp_spawn --precision bf16-mixed \\
         --checkpoint ckpt/last.pt --checkpoint-every 5 [--resume]
+    torchrun --nproc-per-node 2 examples/train.py --devices 2 --pg-timeout 60
+
+On SIGTERM (a scheduler preempting the job) every rank stops at the same step, the
+checkpoint is saved, and the process exits with status 143.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 import time
@@ -27,6 +32,8 @@ from torch.distributed.tensor import DTensor
 import interlock
 from interlock.strategies.base import Strategy
 from interlock.strategies.model_parallel import ModelParallelStrategy
+from interlock.strategies.parallel import ParallelStrategy
+from interlock.strategies.preemption import DEFAULT_GRACE, PreemptionGuard
 
 FEATURES = 16
 HIDDEN = 32
@@ -93,21 +100,31 @@ def train(strategy: Strategy, args: argparse.Namespace) -> dict[str, Any]:
         strategy.load_checkpoint(args.checkpoint, state)
     loss = torch.tensor(float("nan"))
     started = time.perf_counter()
-    for step in range(int(state["step"]), args.steps):
-        if args.fail_at_step == step and strategy.global_rank == args.fail_rank:
-            raise RuntimeError(f"deliberate failure at step {step} on rank {args.fail_rank}")
-        for micro in range(args.accumulate):
-            x, y = global_batch(step * args.accumulate + micro, args.batch_size, args.seed)
-            x, y = strategy.batch_to_device((shard(x, strategy), shard(y, strategy)))
-            last = micro == args.accumulate - 1
-            with strategy.no_backward_sync(model, enabled=not last):
-                loss = nn.functional.mse_loss(model(x).float(), y) / args.accumulate
-                strategy.backward(loss, model)
-        strategy.optimizer_step(optimizer)
-        optimizer.zero_grad()
-        state["step"] = step + 1
-        if args.checkpoint and args.checkpoint_every and state["step"] % args.checkpoint_every == 0:
-            strategy.save_checkpoint(args.checkpoint, state)
+    with PreemptionGuard(grace=args.preemption_grace) as preemption:
+        for step in range(int(state["step"]), args.steps):
+            inject_fault(strategy, args, step)
+            for micro in range(args.accumulate):
+                x, y = global_batch(step * args.accumulate + micro, args.batch_size, args.seed)
+                x, y = strategy.batch_to_device((shard(x, strategy), shard(y, strategy)))
+                last = micro == args.accumulate - 1
+                with strategy.no_backward_sync(model, enabled=not last):
+                    loss = nn.functional.mse_loss(model(x).float(), y) / args.accumulate
+                    strategy.backward(loss, model)
+            strategy.optimizer_step(optimizer)
+            optimizer.zero_grad()
+            state["step"] = step + 1
+            every = args.checkpoint_every
+            if args.checkpoint and every and state["step"] % every == 0:
+                strategy.save_checkpoint(args.checkpoint, state)
+            if preemption.should_stop(strategy):
+                # every rank gets here after the same step: save together, then exit 143
+                if args.checkpoint:
+                    strategy.save_checkpoint(args.checkpoint, state)
+                if strategy.is_global_zero:
+                    where = f"saved to {args.checkpoint}" if args.checkpoint else "not saved"
+                    print(f"preempted after step {state['step']}: checkpoint {where}",
+                          file=sys.stderr, flush=True)
+                preemption.stop()
     mean_loss = strategy.all_reduce(loss.detach() * args.accumulate, "mean")
     summary = {
         "strategy": strategy.plan.strategy if strategy.plan else type(strategy).__name__,
@@ -115,12 +132,37 @@ def train(strategy: Strategy, args: argparse.Namespace) -> dict[str, Any]:
         "steps": int(state["step"]),
         "loss": float(mean_loss),
         "seconds": round(time.perf_counter() - started, 3),
+        "cluster": strategy.plan.cluster_environment if strategy.plan else "local",
+        "launcher": strategy.plan.launcher if strategy.plan else None,
     }
     if args.output:
         params = full_parameters(model)  # a collective for sharded models: every rank
         if strategy.is_global_zero:
             torch.save(params, args.output)
     return summary
+
+
+def inject_fault(strategy: Strategy, args: argparse.Namespace, step: int) -> None:
+    """The hidden test faults: fail or hang one rank before a step's collectives."""
+    if args.fail_at_step == step and strategy.global_rank == args.fail_rank:
+        raise RuntimeError(f"deliberate failure at step {step} on rank {args.fail_rank} "
+                           f"(time {time.time():.3f})")
+    if args.hang_at_step == step and strategy.global_rank == args.hang_rank:
+        print(f"rank {args.hang_rank} hangs at step {step} (time {time.time():.3f})",
+              file=sys.stderr, flush=True)
+        while True:
+            time.sleep(1.0)
+
+
+def seconds(text: str) -> float:
+    """A positive number of seconds (argparse type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -139,8 +181,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--output", help="write rank 0's final parameters here (torch.save)")
+    p.add_argument("--pg-timeout", type=seconds, metavar="SECONDS",
+                   help="how long a collective waits for a missing rank before failing "
+                   "(default: the strategy's, 30 minutes)")
+    p.add_argument("--preemption-grace", type=seconds, default=DEFAULT_GRACE, metavar="SECONDS",
+                   help="after SIGTERM, exit with 143 at the latest after this long")
     p.add_argument("--fail-at-step", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--fail-rank", type=int, default=-1, help=argparse.SUPPRESS)
+    p.add_argument("--hang-at-step", type=int, default=-1, help=argparse.SUPPRESS)
+    p.add_argument("--hang-rank", type=int, default=-1, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -157,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     except interlock.ResolutionError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if args.pg_timeout is not None and isinstance(strategy, ParallelStrategy):
+        strategy.timeout = datetime.timedelta(seconds=args.pg_timeout)
     summary = strategy.launch(train, args)
     if strategy.is_global_zero:
         for note in strategy.plan.notes if strategy.plan else ():

@@ -207,3 +207,24 @@ def test_cpu_offload_on_the_cpu_is_refused_with_the_alternative() -> None:
 def test_bad_options_are_refused_clearly(options: dict[str, Any], match: str) -> None:
     with pytest.raises((ValueError, TypeError), match=match):
         FSDPStrategy(**options)
+
+
+TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2,
+                              reason="needs 2 CUDA devices (runs on the GPU runner)")
+
+
+@TWO_GPUS
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", ["fsdp", "fsdp_cpu_offload"])
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "16-mixed"])
+def test_cuda_ranks_over_nccl_match_one_process(name: str, precision: str) -> None:
+    strategy = interlock.resolve(strategy=name, accelerator="cuda", devices=2,
+                                 precision=precision)
+    assert isinstance(strategy, FSDPStrategy) and strategy.backend == "nccl"
+    two = launch_forked(strategy, workloads.train, 3)
+    one = interlock.resolve(accelerator="cuda", devices=1, strategy="single_device",
+                            precision=precision).launch(workloads.train, 3)
+    tolerance = {} if precision == "32-true" else {"rtol": 3e-2, "atol": 3e-3}
+    for key, value in one.items():
+        close(two[key].float().cpu(), value.float().cpu(), f"{name} {precision} {key}",
+              **tolerance)

@@ -8,9 +8,9 @@ from typing import Any, ClassVar
 import pytest
 
 import interlock
-from interlock.connector.builtin import BUILTIN_STRATEGIES
 from interlock import Machine, ResolutionError, StrategySpec
 from interlock.connector import registry
+from interlock.connector.builtin import BUILTIN_STRATEGIES
 from interlock.connector.tables import ACCELERATOR_NAMES
 from interlock.strategies.accelerators import ACCELERATOR_CLASSES, CPUAccelerator
 from interlock.strategies.ddp import DDP_NAMES, DDPStrategy

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from interlock.connector.tables import LAUNCHER_ROWS
+from interlock.strategies.preemption import Preempted
 
 #: Environment variable through which interlock's launchers hand workers the
 #: rendezvous store's address ("host:port"); the store itself lives in the launching
@@ -79,7 +80,9 @@ def run_recording_errors(entry: WorkerEntry, args: tuple[Any, ...],
 
 def report_failure(exc: BaseException) -> None:
     """Record ``exc`` where this process's launcher reads failures, once (the first
-    report, made closest to the failure, stands)."""
+    report, made closest to the failure, stands). A preempted rank did not fail."""
+    if isinstance(exc, Preempted):
+        return
     mark_failure_time(exc)
     path = os.environ.get(ERROR_FILE_ENV)
     if path and not os.path.exists(path):

@@ -31,6 +31,7 @@ from interlock.strategies.launchers.base import (
     sigterm_as_exception,
 )
 from interlock.strategies.launchers.rendezvous import choose_rendezvous, release_store
+from interlock.strategies.preemption import PREEMPTED_EXIT_CODE, Preempted
 
 #: the start methods of the multiprocessing launchers in the engine's launcher table
 START_METHODS = tuple(
@@ -108,17 +109,29 @@ class MultiProcessingLauncher(Launcher):
 def _join(context: Any, first_rank: int, errors: str, grace: float = 2.0) -> None:
     try:
         while not context.join(timeout=0.05):
-            pass
+            if read_failures(errors):
+                # A rank recorded its failure but has not exited: it may never (a gloo
+                # group freed after a timed-out collective can deadlock the interpreter's
+                # exit), so do not wait for its exit code; the caller stops the workers.
+                _settle(context, grace)
+                raise root_cause(read_failures(errors))
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
         # torch reports the first process it noticed, not the first that failed: give
         # the others a moment to record theirs, then name the earliest.
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(p.is_alive() for p in context.processes):
-            time.sleep(0.05)
+        _settle(context, grace)
         failures = read_failures(errors)
         if failures:
             raise root_cause(failures) from None
+        if getattr(exc, "exit_code", None) == PREEMPTED_EXIT_CODE:
+            raise Preempted() from None  # the ranks stopped together on a signal
         raise RankFailedError(first_rank + int(exc.error_index), str(exc)) from None
+
+
+def _settle(context: Any, grace: float) -> None:
+    """Give the workers ``grace`` seconds to exit (and record their failures)."""
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(p.is_alive() for p in context.processes):
+        time.sleep(0.05)
 
 
 def _stop(context: Any, grace: float = 5.0) -> None:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,6 +34,7 @@ from interlock.strategies.launchers.base import (
     sigterm_as_exception,
 )
 from interlock.strategies.launchers.rendezvous import choose_rendezvous, release_store
+from interlock.strategies.preemption import DEFAULT_GRACE, PREEMPTED_EXIT_CODE, Preempted
 
 
 def script_command() -> list[str]:
@@ -137,6 +139,12 @@ class SubprocessScriptLauncher(Launcher):
         except _Terminate:
             _stop(children)
             raise SystemExit(exit_code_for_terminate()) from None
+        except Preempted:
+            # every rank agreed to stop at the same step: let the children finish too
+            watcher.stop()
+            _wait(children, timeout=DEFAULT_GRACE)
+            _stop(children)
+            raise
         except BaseException as exc:
             watcher.stop()
             own_rank = self.node_rank * self.num_processes
@@ -208,7 +216,10 @@ class _Watcher(threading.Thread):
 
     def run(self) -> None:
         while not self._done.wait(0.05):
-            failed = _first_failure(self.children, wait=0)
+            # a preempted child stops with rank 0 at the same step: no need to interrupt
+            failing = {rank: child for rank, child in self.children.items()
+                       if child.poll() != PREEMPTED_EXIT_CODE}
+            failed = _first_failure(failing, wait=0)
             if failed is not None:
                 self.failure = failed
                 self._done.set()
@@ -248,9 +259,14 @@ def _failure(failed: tuple[int, int] | None, errors: Path, first_rank: int) -> R
     return root_cause(failures)
 
 
-def _wait(children: dict[int, subprocess.Popen[bytes]]) -> None:
+def _wait(children: dict[int, subprocess.Popen[bytes]], timeout: float | None = None) -> None:
+    """Wait for every child to exit (at most ``timeout`` seconds in all, when given)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
     for child in children.values():
-        child.wait()
+        try:
+            child.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return
 
 
 def _stop(children: dict[int, subprocess.Popen[bytes]], grace: float = 5.0) -> None:
