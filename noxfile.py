@@ -90,6 +90,19 @@ def bench(session: nox.Session) -> None:
         session.error(f"unknown benchmark {which!r}: use 'plan', 'runtime' or 'fsdp'")
 
 
+@nox.session(python=PYTHON)
+def conformance(session: nox.Session) -> None:
+    """The conformance suite for every registered strategy on every runner this machine
+    has, plus the example third-party package; writes docs/conformance-report.json and
+    regenerates the compatibility pages that read it. Arguments after -- go to
+    ``interlock conformance``."""
+    _install(session, "test")
+    session.install("--no-deps", "-e", "examples/plugin")
+    session.run("interlock", "conformance", "--strategy", "all", "--workers", "2",
+                "--report", "docs/conformance-report.json", *session.posargs)
+    session.run("python", "-m", "interlock.matrix.compat")
+
+
 #: torch_xla wheels exist only for its own torch releases (2.9.0 at the time of
 #: writing), so the xla session has its own torch; a CUDA build from PyPI, about 7 GB
 XLA_PACKAGES = os.environ.get("INTERLOCK_XLA", "torch==2.9.0 torch_xla==2.9.0").split()

@@ -148,8 +148,9 @@ def _write_report(tmp_path: Path, records: object) -> Path:
     return path
 
 
-def _record(status: str, check: str = "collectives") -> dict[str, str]:
-    return {"strategy": "ddp", "runner": "cpu", "precision": "32-true", "check": check,
+def _record(status: str, check: str = "training_parity",
+            precision: str = "32-true") -> dict[str, str]:
+    return {"strategy": "ddp", "runner": "cpu", "precision": precision, "check": check,
             "status": status}
 
 
@@ -157,11 +158,19 @@ def test_report_absent_verifies_nothing(tmp_path: Path) -> None:
     assert load_report(tmp_path / "missing.json") == frozenset()
 
 
-def test_report_cell_verified_only_when_every_record_passed(tmp_path: Path) -> None:
-    passed = _write_report(tmp_path, [_record("passed"), _record("passed", "parity")])
-    assert load_report(passed) == {("ddp", "cpu", "32-true")}
-    mixed = _write_report(tmp_path, [_record("passed"), _record("skipped", "parity")])
-    assert load_report(mixed) == frozenset()
+def test_report_cell_verified_when_a_check_passed_and_none_failed(tmp_path: Path) -> None:
+    passed = _write_report(tmp_path, {"records": [
+        _record("passed"), _record("skipped", "scaler_skip"),
+        _record("passed", "collectives", "*"),
+    ]})
+    assert load_report(passed) == {("ddp", "cpu", "32-true")}, "a skip is neutral"
+    failed = _write_report(tmp_path, [_record("passed"), _record("failed", "init_contexts")])
+    assert load_report(failed) == frozenset()
+    any_failed = _write_report(tmp_path, [_record("passed"),
+                                          _record("failed", "collectives", "*")])
+    assert load_report(any_failed) == frozenset(), "a failed '*' check counts for every cell"
+    only_skips = _write_report(tmp_path, [_record("skipped", "scaler_skip")])
+    assert load_report(only_skips) == frozenset()
 
 
 def test_report_marks_cells_verified(tmp_path: Path) -> None:
@@ -174,7 +183,8 @@ def test_report_marks_cells_verified(tmp_path: Path) -> None:
     assert 'class="verified"' in render_html(report=report)
 
 
-@pytest.mark.parametrize("records", [{"not": "a list"}, [{"strategy": "ddp"}], ["x"]])
+@pytest.mark.parametrize("records", [{"not": "a list"}, {"records": 3}, [{"strategy": "ddp"}],
+                                     ["x"]])
 def test_malformed_report_is_refused(tmp_path: Path, records: object) -> None:
     with pytest.raises(ValueError, match="conformance report"):
         load_report(_write_report(tmp_path, records))

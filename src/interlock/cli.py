@@ -205,7 +205,54 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("doctor", help="what this machine can run, and why not the rest")
     d.set_defaults(func=cmd_doctor)
+
+    c = sub.add_parser("conformance", help="run the conformance suite against strategies",
+                       description="Run the conformance suite (through pytest) and print "
+                       "a summary; extra arguments after -- go to pytest.")
+    c.add_argument("--strategy", action="append", required=True, metavar="NAME",
+                   help="a registered strategy (repeatable), or 'all'")
+    c.add_argument("--runner", default="auto", choices=("auto", "cpu", "cuda", "tpu"))
+    c.add_argument("--world-sizes", default="1,2", metavar="N,M")
+    c.add_argument("--precisions", metavar="P,Q", help="only these declared precisions")
+    c.add_argument("--report", metavar="PATH", help="write the JSON report here")
+    c.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import a module that registers strategies (repeatable)")
+    c.add_argument("--skips-file", metavar="PATH")
+    c.add_argument("--xfails-file", metavar="PATH")
+    c.add_argument("--workers", type=int, default=0,
+                   help="run launches in parallel in N pytest-xdist workers")
+    c.add_argument("pytest_args", nargs="*", help=argparse.SUPPRESS)
+    c.set_defaults(func=cmd_conformance)
     return parser
+
+
+def cmd_conformance(args: argparse.Namespace) -> int:
+    """``pytest --pyargs interlock.conformance`` with the suite's options."""
+    import importlib.util
+    import os
+
+    import pytest
+
+    argv = ["--pyargs", "interlock.conformance", "-q", "-p", "no:cacheprovider",
+            "-o", "addopts=", "-o", "python_files=test_*.py",
+            "--interlock-runner", args.runner, "--interlock-world-sizes", args.world_sizes]
+    for name in args.strategy:
+        argv += ["--interlock-strategy", name]
+    for module in args.imports:
+        argv += ["--interlock-import", module]
+    for option, value in (("--interlock-precisions", args.precisions),
+                          ("--interlock-report", args.report),
+                          ("--interlock-skips-file", args.skips_file),
+                          ("--interlock-xfails-file", args.xfails_file)):
+        if value:
+            argv += [option, value]
+    if args.workers > 0:
+        if importlib.util.find_spec("xdist") is None:
+            raise UsageError("--workers needs pytest-xdist (pip install pytest-xdist)")
+        argv += ["-n", str(args.workers), "--dist", "loadgroup"]
+    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+        argv += ["-p", "_interlock_conformance_pytest"]
+    return int(pytest.main(argv + list(args.pytest_args)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,6 +11,8 @@ _TENSOR_PARALLEL = frozenset(("32-true", "16-true", "bf16-true", "bf16-mixed"))
 _XLA = frozenset(("32-true", "16-true", "bf16-true"))
 
 _DDP = "interlock.strategies.ddp:DDPStrategy"
+#: what the conformance suite checks beyond the basics (see specs.CAPABILITIES)
+_PARALLEL = frozenset(("accumulation", "resharding", "timeout"))
 
 
 def _ddp_rows() -> tuple[StrategySpec, ...]:
@@ -49,6 +51,7 @@ def _ddp_rows() -> tuple[StrategySpec, ...]:
                     options={"start_method": start_method, **extra},
                     substitutes={"xla": "xla"},
                     variant_of=name if extra else None,
+                    capabilities=_PARALLEL,
                 )
             )
     return tuple(rows)
@@ -98,6 +101,7 @@ def _deepspeed_rows() -> tuple[StrategySpec, ...]:
             requires=("deepspeed",),
             options=options,
             precision_plugin="deepspeed",
+            capabilities=frozenset(("timeout",)),
         )
         for name, options, what in variants
     )
@@ -115,6 +119,7 @@ BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
         multi_node=False,
         max_devices=1,
         substitutes={"xla": "single_xla"},
+        capabilities=frozenset(("accumulation",)),
     ),
     *_ddp_rows(),
     StrategySpec(
@@ -127,6 +132,7 @@ BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
         launcher="subprocess",
         substitutes={"xla": "xla_fsdp"},
         precision_plugin="fsdp",
+        capabilities=_PARALLEL,
     ),
     StrategySpec(
         name="fsdp_cpu_offload",
@@ -140,6 +146,7 @@ BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
         options={"cpu_offload": True},
         substitutes={"cpu": "fsdp", "xla": "xla_fsdp"},
         precision_plugin="fsdp",
+        capabilities=_PARALLEL,
     ),
     StrategySpec(
         name="model_parallel",
@@ -149,6 +156,7 @@ BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
         accelerators=frozenset(("cpu", "cuda")),
         precisions=_TENSOR_PARALLEL,
         launcher="subprocess",
+        capabilities=_PARALLEL,
     ),
     *_deepspeed_rows(),
     StrategySpec(

@@ -15,6 +15,16 @@ from interlock.connector.tables import (
     STRATEGY_PRECISION_PLUGINS,
 )
 
+#: capability tags a spec may declare; the conformance suite runs the checks that
+#: need them only for strategies that declare them (and fails those that do not hold)
+CAPABILITIES: dict[str, str] = {
+    "accumulation": "no_backward_sync skips gradient synchronisation, and gradients "
+    "accumulated under it equal the large batch's",
+    "resharding": "a checkpoint saved at one world size loads at another",
+    "timeout": "the strategy has a process-group `timeout` after which a rank that never "
+    "reaches a collective becomes an error",
+}
+
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
@@ -44,6 +54,9 @@ class StrategySpec:
         precision_plugin: the precision plugin family the strategy needs for every
             precision (one of ``STRATEGY_PRECISION_PLUGINS``: ``"fsdp"``,
             ``"deepspeed"``, ``"xla"``); None takes the precision table's plugin.
+        parity_tolerance: ``(rtol, atol)`` the conformance suite allows in training
+            parity beyond the precision's own, for strategies that change numerics on
+            purpose (gradient compression); None for exact strategies.
     """
 
     name: str
@@ -61,6 +74,7 @@ class StrategySpec:
     capabilities: frozenset[str] = frozenset()
     variant_of: str | None = None
     precision_plugin: str | None = None
+    parity_tolerance: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "accelerators", frozenset(self.accelerators))
@@ -145,6 +159,17 @@ def spec_problems(spec: object) -> list[str]:
         problems.append(
             f"precision_plugin {spec.precision_plugin!r} is unknown; known: "
             f"{', '.join(STRATEGY_PRECISION_PLUGINS)} or None"
+        )
+    if spec.parity_tolerance is not None and not (
+        isinstance(spec.parity_tolerance, tuple) and len(spec.parity_tolerance) == 2
+        and all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t < 1
+                for t in spec.parity_tolerance)
+    ):
+        problems.append("parity_tolerance must be None or (rtol, atol), each in [0, 1)")
+    unknown = sorted(c for c in spec.capabilities if c not in CAPABILITIES)
+    if unknown:
+        problems.append(
+            f"capabilities {unknown} are unknown; known: {', '.join(CAPABILITIES)}"
         )
     for accelerator in spec.substitutes:
         if accelerator not in ACCELERATOR_ROWS:

@@ -142,28 +142,33 @@ def short_reason(reason: str, limit: int = SHORT_REASON) -> str:
 def load_report(path: Path) -> Verified:
     """The (strategy, runner, precision) cells a conformance report verifies.
 
-    The report is a JSON list of records, one per check run::
+    The report is what ``interlock conformance --report`` writes: an object whose
+    ``records`` list has one record per check run (a bare list of records is accepted
+    too)::
 
-        [{"strategy": "ddp", "runner": "cpu", "precision": "32-true",
-          "check": "collectives/all_reduce", "status": "passed"}, ...]
+        {"records": [{"strategy": "ddp", "runner": "cpu", "precision": "32-true",
+                      "check": "training_parity", "status": "passed", ...}, ...]}
 
-    ``status`` is "passed", "failed", "skipped" or "error". A cell is verified when it
-    has at least one record and every record for it has status "passed" (a skip or a
-    failure leaves it declared). A missing file verifies nothing.
+    ``precision`` is ``"*"`` for checks that do not depend on it. A cell is verified
+    when some record for its precision passed and no record for its precision, or for
+    ``"*"`` of the same strategy and runner, failed; skips are neutral. A missing file
+    verifies nothing.
 
     Raises:
-        ValueError: the file exists but is not such a list.
+        ValueError: the file exists but is not such a report.
     """
     if not path.exists():
         return frozenset()
     try:
-        records = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ValueError(f"conformance report {path} is not valid JSON: {exc}") from exc
+    records = data.get("records") if isinstance(data, dict) else data
     if not isinstance(records, list):
-        raise ValueError(f"conformance report {path} must be a JSON list of records")
-    statuses: dict[tuple[str, str, str], bool] = {}
+        raise ValueError(f"conformance report {path} must hold a list of records")
     keys = ("strategy", "runner", "precision", "check", "status")
+    passed: set[tuple[str, str, str]] = set()
+    failed: set[tuple[str, str, str]] = set()
     for index, record in enumerate(records):
         if not isinstance(record, dict) or not all(
             isinstance(record.get(k), str) for k in keys
@@ -173,8 +178,14 @@ def load_report(path: Path) -> Verified:
                 f"fields {', '.join(keys)}; got {record!r}"
             )
         cell = (record["strategy"], record["runner"], record["precision"])
-        statuses[cell] = statuses.get(cell, True) and record["status"] == "passed"
-    return frozenset(cell for cell, passed in statuses.items() if passed)
+        if record["status"] == "passed":
+            passed.add(cell)
+        elif record["status"] in ("failed", "error"):
+            failed.add(cell)
+    return frozenset(
+        cell for cell in passed
+        if cell[2] != "*" and cell not in failed and (*cell[:2], "*") not in failed
+    )
 
 
 def _resolve(accelerator: str, devices: DevicesFlag, strategy: str, precision: str,

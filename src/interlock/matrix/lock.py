@@ -14,7 +14,7 @@ from pathlib import Path
 
 from interlock.matrix.evaluate import Cell, evaluate, show
 from interlock.matrix.profiles import PROFILES, Profile
-from interlock.matrix.space import FLAG_SPACE, FlagSpace
+from interlock.matrix.space import BUILTIN_SPACE, FlagSpace
 
 LOCK_PATH = Path("matrix.lock")
 
@@ -26,7 +26,7 @@ def _id(outcome: str, length: int = 5) -> str:
 
 
 def outcomes(profiles: Iterable[Profile] = PROFILES,
-             space: FlagSpace = FLAG_SPACE) -> dict[CellKey, str]:
+             space: FlagSpace = BUILTIN_SPACE) -> dict[CellKey, str]:
     """Every cell's outcome, keyed by (profile, accelerator, strategy, precision,
     devices, num_nodes)."""
     found: dict[CellKey, str] = {}
@@ -41,7 +41,7 @@ def _key(cell: Cell) -> CellKey:
             cell.num_nodes)
 
 
-def render(profiles: Iterable[Profile] = PROFILES, space: FlagSpace = FLAG_SPACE,
+def render(profiles: Iterable[Profile] = PROFILES, space: FlagSpace = BUILTIN_SPACE,
            cells: dict[CellKey, str] | None = None) -> str:
     """The lock file's text (from ``cells`` when already computed)."""
     profiles = tuple(profiles)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from interlock.connector.builtin import BUILTIN_STRATEGIES
 from interlock.connector.registry import strategy_specs
 from interlock.connector.tables import ACCELERATOR_INPUTS, LEGACY_PRECISIONS, PRECISION_NAMES
 
@@ -16,10 +17,14 @@ class FlagSpace:
     devices: tuple[object, ...]
     precisions: tuple[str | int, ...]
     num_nodes: tuple[int, ...]
+    #: the strategy names to cover; None covers every registered one
+    strategy_names: tuple[str, ...] | None = None
 
     def strategies(self) -> tuple[str, ...]:
-        """'auto' and every registered strategy (built-in and third-party), sorted."""
-        return ("auto", *sorted(strategy_specs()))
+        """'auto' and the strategies covered (by default every registered one, built-in
+        and third-party), sorted."""
+        names = self.strategy_names if self.strategy_names is not None else strategy_specs()
+        return ("auto", *sorted(names))
 
     def size(self) -> int:
         return (len(self.accelerators) * len(self.devices) * len(self.strategies())
@@ -32,3 +37,7 @@ FLAG_SPACE = FlagSpace(
     precisions=(*PRECISION_NAMES, *LEGACY_PRECISIONS),
     num_nodes=(1, 2),
 )
+
+#: the space matrix.lock pins: the built-in strategies only, so that a third-party
+#: strategy installed in a development environment does not change the lock
+BUILTIN_SPACE = replace(FLAG_SPACE, strategy_names=tuple(s.name for s in BUILTIN_STRATEGIES))

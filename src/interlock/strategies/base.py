@@ -8,6 +8,7 @@ strategies derive from one of these two classes and from nothing concrete.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -238,11 +239,18 @@ class Strategy(ABC):
 
         Strategies that must see both at once (DeepSpeed builds one engine from them)
         override this; elsewhere it is :meth:`setup_module` then :meth:`setup_optimizer`.
-        Sharded strategies need the optimizers created over the *set-up* module's
-        parameters, so create them after :meth:`setup_module` there.
+        Sharding replaces a module's parameters with new (sharded) ones: an optimizer
+        created over the old ones, and not stepped yet, is rebuilt over the new ones
+        with the same class, groups and hyperparameters.
+
+        Raises:
+            ValueError: for an optimizer that already has state and whose parameters
+                the setup replaced (create it after :meth:`setup_module` instead).
         """
+        names = {id(p): n for n, p in unwrap(module).named_parameters()}
         wrapped = self.setup_module(module)
-        return wrapped, [self.setup_optimizer(o) for o in optimizers]
+        current = dict(unwrap(wrapped).named_parameters())
+        return wrapped, [self.setup_optimizer(_rebind(o, names, current)) for o in optimizers]
 
     def module_to_device(self, module: nn.Module) -> nn.Module:
         return module.to(self.root_device)
@@ -361,6 +369,31 @@ class Strategy(ABC):
             else:
                 state[name] = value
         return checkpoint
+
+
+def _rebind(optimizer: Optimizer, names: dict[int, str],
+            current: dict[str, nn.Parameter]) -> Optimizer:
+    """``optimizer`` over the set-up module's parameters (itself when they are the same)."""
+    groups = optimizer.param_groups
+    if all(current.get(names.get(id(p), "")) is p for g in groups for p in g["params"]):
+        return optimizer
+    if optimizer.state:
+        raise ValueError(
+            f"{type(optimizer).__name__} already has state for parameters that the strategy "
+            "replaced when it set up the module; create the optimizer after setup_module"
+        )
+    missing = [p for g in groups for p in g["params"] if names.get(id(p)) not in current]
+    if missing:
+        raise ValueError(
+            f"{type(optimizer).__name__} steps {len(missing)} tensor(s) that are not "
+            "parameters of the module being set up"
+        )
+    rebuilt = [{**{k: v for k, v in g.items() if k != "params"},
+                "params": [current[names[id(p)]] for p in g["params"]]} for g in groups]
+    # defaults may hold derived entries the constructor does not take
+    accepted = inspect.signature(type(optimizer)).parameters
+    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+    return type(optimizer)(rebuilt, **defaults)
 
 
 def _state_of(value: Any) -> Any:

@@ -1,0 +1,504 @@
+"""The conformance checks: what each one guarantees, and the code that runs in the ranks.
+
+A check raises :class:`CheckFailed` with a message that explains itself without this
+source, or :class:`CheckSkipped` with the reason it does not apply. Checks that run in
+the ranks get a :class:`RankContext`; the driver's and the declaration's run elsewhere
+(``driver.py``, ``declaration.py``) and are only described here.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from interlock.conformance import reference
+from interlock.connector.tables import PRECISION_ROWS
+
+if TYPE_CHECKING:
+    from interlock.connector.planner import Plan
+    from interlock.connector.specs import StrategySpec
+    from interlock.strategies.base import Strategy
+
+#: the precision recorded for checks that do not depend on the precision
+ANY_PRECISION = "*"
+
+
+class CheckFailed(AssertionError):
+    """The strategy does not do what the check requires."""
+
+
+class CheckSkipped(Exception):
+    """The check does not apply here (the reason says why)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Check:
+    """One conformance check.
+
+    Attributes:
+        id: stable name, part of every test id and report record.
+        where: ``"declaration"`` (the pytest process), ``"rank"`` (inside every rank,
+            once per precision), ``"rank-once"`` (inside every rank, once per launch)
+            or ``"driver"`` (the launching process, around the launches).
+        needs: the capability a strategy must declare for the check to apply.
+        guarantees: what passing it means, for the docs and failure messages.
+    """
+
+    id: str
+    where: str
+    guarantees: str
+    needs: str | None = None
+
+
+CHECKS: tuple[Check, ...] = (
+    Check(id="declaration", where="declaration",
+          guarantees="the spec is well-formed; the class implements the Strategy API with "
+          "compatible signatures; plan() accepts every declared (accelerator, precision) on "
+          "this runner and refuses undeclared precisions with a ResolutionError"),
+    Check(id="lifecycle", where="rank-once",
+          guarantees="ranks 0..W-1 each run exactly once; exactly rank 0 is global zero; "
+          "world_size, local_rank and node_rank agree with the cluster environment; "
+          "root_device is on the runner's accelerator"),
+    Check(id="collectives", where="rank-once",
+          guarantees="all_reduce (sum, mean, max, min) on float, int, scalar and "
+          "non-contiguous tensors, all_gather in rank order, broadcast of tensors and "
+          "objects, barrier and reduce_boolean_decision equal a single-process reference, "
+          "on the root device, without changing their inputs"),
+    Check(id="training_parity", where="rank",
+          guarantees="K optimizer steps on each rank's share of the batches equal K steps "
+          "of one plain process on the full batches (assert_close, per-precision "
+          "tolerance)"),
+    Check(id="accumulation_parity", where="rank", needs="accumulation",
+          guarantees="micro-batches accumulated under no_backward_sync, then one "
+          "synchronised backward, equal the large-batch baseline"),
+    Check(id="precision_dtypes", where="rank",
+          guarantees="parameters, activations and gradients have the precision's dtypes; "
+          "outputs come back in the caller's dtype"),
+    Check(id="scaler_skip", where="rank",
+          guarantees="with 16-mixed, an inf loss on one rank makes every rank skip the "
+          "step and halve the scale; the next step is taken"),
+    Check(id="checkpoint_round_trip", where="rank",
+          guarantees="save, then load into a freshly completed strategy with a fresh model "
+          "and optimizer, restores parameters, optimizer state, the precision's state and "
+          "plain values exactly"),
+    Check(id="init_contexts", where="rank",
+          guarantees="module_init_context (empty_init False and True) and "
+          "tensor_init_context give the root device and the precision's dtype"),
+    Check(id="interrupted_save", where="rank-once",
+          guarantees="a save that fails midway leaves the previous checkpoint loadable and "
+          "unchanged (checked at world size 1)"),
+    Check(id="relaunch", where="driver",
+          guarantees="after launch returns, no process group, environment variable or "
+          "worker is left behind, and a second launch in the same process works"),
+    Check(id="failure_propagation", where="driver",
+          guarantees="a rank that raises makes launch raise within a bounded time, naming "
+          "that rank, with no worker process left alive"),
+    Check(id="collective_timeout", where="driver", needs="timeout",
+          guarantees="a rank that never reaches a collective produces a timeout error "
+          "within the strategy's timeout instead of a hang"),
+    Check(id="resharding", where="driver", needs="resharding",
+          guarantees="a checkpoint saved at world size 2 loads at world size 1 with the "
+          "same parameters and optimizer state"),
+)
+CHECK_IDS: tuple[str, ...] = tuple(c.id for c in CHECKS)
+CHECKS_BY_ID: dict[str, Check] = {c.id: c for c in CHECKS}
+
+
+@dataclass(kw_only=True)
+class RankContext:
+    """What a check running inside a rank knows."""
+
+    strategy: Strategy
+    spec: StrategySpec
+    precision: str
+    accelerator: str
+    world_size: int
+    workdir: Path
+    plan_for: Callable[[str], Plan]
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def full(value: Any) -> Any:
+    """``value`` with sharded tensors gathered, every tensor detached on the CPU.
+
+    A collective for sharded values: every rank calls it in the same order.
+    """
+    if isinstance(value, DTensor):
+        return value.full_tensor().detach().cpu().clone()
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    if isinstance(value, dict):
+        return {k: full(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(full(v) for v in value)
+    return value
+
+
+def share(tensor: torch.Tensor, strategy: Strategy) -> torch.Tensor:
+    """This rank's share of a global batch."""
+    return tensor.chunk(strategy.data_parallel_size)[strategy.data_parallel_rank]
+
+
+class Expect:
+    """Collects a check's problems instead of raising at the first one, so that every
+    rank runs the same collectives to the end of the check even when its own
+    expectations fail (raising early would leave the other ranks waiting)."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def __call__(self, condition: bool, message: str) -> bool:
+        if not condition:
+            self.problems.append(message)
+        return condition
+
+    def close(self, actual: Any, expected: Any, what: str, **tolerance: Any) -> None:
+        try:
+            torch.testing.assert_close(actual, expected, **tolerance)
+        except AssertionError as error:
+            self.problems.append(f"{what}: {error}")
+
+    def done(self) -> None:
+        if self.problems:
+            raise CheckFailed("; ".join(self.problems))
+
+
+def _setup(ctx: RankContext, net: nn.Module, optimizer: str = "sgd") -> tuple[Any, Any]:
+    raw = list(net.parameters())
+    opt: torch.optim.Optimizer = (
+        torch.optim.SGD(raw, lr=reference.LR, momentum=0.9) if optimizer == "sgd"
+        else torch.optim.Adam(raw, lr=1e-2)
+    )
+    module, (opt,) = ctx.strategy.setup_module_and_optimizers(net, [opt])
+    return module, opt
+
+
+def _step(ctx: RankContext, module: Any, opt: Any, step: int, accumulate: int = 1) -> None:
+    strategy = ctx.strategy
+    for micro in range(accumulate):
+        x, y = reference.batch(step * accumulate + micro)
+        x, y = strategy.batch_to_device((share(x, strategy), share(y, strategy)))
+        with strategy.no_backward_sync(module, enabled=micro < accumulate - 1):
+            loss = nn.functional.mse_loss(module(x).float(), y) / accumulate
+            strategy.backward(loss, module)
+    strategy.optimizer_step(opt)
+    opt.zero_grad()
+
+
+def _params(module: Any) -> dict[str, torch.Tensor]:
+    return {k: v.float() for k, v in full(module.state_dict()).items()}
+
+
+# ------------------------------------------------------------------ rank checks
+
+
+def check_lifecycle(ctx: RankContext) -> None:
+    e = Expect()
+    s = ctx.strategy
+    cluster = s.cluster_environment
+    me = {
+        "global_rank": s.global_rank, "local_rank": s.local_rank, "node_rank": s.node_rank,
+        "world_size": s.world_size, "is_global_zero": s.is_global_zero,
+        "device": str(s.root_device), "device_type": s.root_device.type,
+        "cluster": (cluster.global_rank(), cluster.local_rank(), cluster.node_rank()),
+        "pid": os.getpid(),
+    }
+    ranks = s.collective.all_gather_object(me)
+    seen = sorted(r["global_rank"] for r in ranks)
+    e(seen == list(range(ctx.world_size)),
+           f"global ranks {seen} ran; expected each of 0..{ctx.world_size - 1} exactly once")
+    e(len({r["pid"] for r in ranks}) == len(ranks),
+           f"{len(ranks)} ranks ran in {len({r['pid'] for r in ranks})} processes")
+    zero = [r["global_rank"] for r in ranks if r["is_global_zero"]]
+    e(zero == [0], f"is_global_zero is True on ranks {zero}; expected on rank 0 only")
+    sizes = sorted({r["world_size"] for r in ranks})
+    e(sizes == [ctx.world_size],
+           f"world_size reported as {sizes}; {ctx.world_size} ranks ran")
+    for r in ranks:
+        e(r["cluster"] == (r["global_rank"], r["local_rank"], r["node_rank"]),
+               f"rank {r['global_rank']}: strategy says (global, local, node) = "
+               f"{(r['global_rank'], r['local_rank'], r['node_rank'])} but its cluster "
+               f"environment says {r['cluster']}")
+        e(r["device_type"] == ctx.accelerator,
+               f"rank {r['global_rank']}: root_device is {r['device']}, not on the "
+               f"{ctx.accelerator} accelerator")
+    if ctx.accelerator != "cpu":
+        devices = [r["device"] for r in ranks]
+        e(len(set(devices)) == len(devices),
+               f"ranks share devices: {devices}; each process needs its own")
+    e.done()
+
+
+def check_collectives(ctx: RankContext) -> None:
+    e = Expect()
+    s = ctx.strategy
+    r, w, device = s.global_rank, ctx.world_size, s.root_device
+
+    def f_of(rank: int) -> torch.Tensor:
+        return torch.arange(6, dtype=torch.float32).reshape(2, 3) + 10 * rank
+
+    def i_of(rank: int) -> torch.Tensor:
+        return torch.arange(4, dtype=torch.int64) * (rank + 1)
+
+    inputs = {
+        "float": (f_of(r).to(device), [f_of(k) for k in range(w)]),
+        "int": (i_of(r).to(device), [i_of(k) for k in range(w)]),
+        "scalar": (torch.tensor(float(r + 1), device=device),
+                   [torch.tensor(float(k + 1)) for k in range(w)]),
+        "non-contiguous": (f_of(r).to(device).t(), [f_of(k).t() for k in range(w)]),
+    }
+    ops: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+        "sum": lambda t: t.sum(0), "max": lambda t: t.max(0).values,
+        "min": lambda t: t.min(0).values,
+    }
+    for kind, (mine, everyone) in inputs.items():
+        before = mine.clone()
+        stacked = torch.stack(everyone)
+        for op in ("sum", "mean", "max", "min"):
+            if op == "mean" and kind == "int":
+                continue  # the mean of integers is not an integer
+            got = s.all_reduce(mine, op)
+            want = stacked.float().mean(0).to(stacked.dtype) if op == "mean" \
+                else ops[op](stacked)
+            e(got.device == device,
+                   f"all_reduce({op}) of a {kind} tensor returned it on {got.device}, not "
+                   f"on the root device {device}")
+            e.close(got.cpu(), want, f"all_reduce({op}) of a {kind} tensor on rank {r}")
+        e(torch.equal(mine, before), f"all_reduce changed its {kind} input in place")
+        gathered = s.all_gather(mine)
+        e.close(gathered.cpu(), stacked,
+                     f"all_gather of a {kind} tensor on rank {r} (row k must be rank k's)")
+    got = s.broadcast(f_of(r).to(device), src=w - 1)
+    e.close(got.cpu(), f_of(w - 1), f"broadcast of a tensor from rank {w - 1}")
+    obj = s.broadcast({"from": r, "items": [r, "x"]}, src=w - 1)
+    e(obj == {"from": w - 1, "items": [w - 1, "x"]},
+           f"broadcast of an object from rank {w - 1} gave {obj!r} on rank {r}")
+    s.barrier()
+    decisions = {
+        "all(True)": (s.reduce_boolean_decision(True), True),
+        "all(rank == 0)": (s.reduce_boolean_decision(r == 0), w == 1),
+        "any(rank == 0)": (s.reduce_boolean_decision(r == 0, all=False), True),
+        "any(False)": (s.reduce_boolean_decision(False, all=False), False),
+    }
+    for what, (got_decision, want_decision) in decisions.items():
+        e(got_decision is want_decision or got_decision == want_decision,
+               f"reduce_boolean_decision {what} over {w} ranks gave {got_decision}, "
+               f"expected {want_decision}")
+    e.done()
+
+
+def check_training_parity(ctx: RankContext) -> None:
+    e = Expect()
+    module, opt = _setup(ctx, reference.model())
+    for step in range(3):
+        _step(ctx, module, opt, step)
+    got = _params(module)
+    want = reference.baseline(ctx.precision, 3)
+    tol = reference.tolerance(ctx.precision, ctx.spec.parity_tolerance)
+    e.close(got, want, f"parameters after 3 steps on {ctx.world_size} ranks vs one "
+                 f"process on the full batches ({ctx.precision})", **tol)
+    e.done()
+
+
+def check_accumulation_parity(ctx: RankContext) -> None:
+    e = Expect()
+    module, opt = _setup(ctx, reference.model())
+    for step in range(2):
+        _step(ctx, module, opt, step, accumulate=2)
+    got = _params(module)
+    want = reference.baseline(ctx.precision, 2, accumulate=2)
+    tol = reference.tolerance(ctx.precision, ctx.spec.parity_tolerance)
+    e.close(got, want, "parameters after 2 steps of 2 micro-batches accumulated under "
+                 "no_backward_sync vs one process on the large batches", **tol)
+    e.done()
+
+
+def check_precision_dtypes(ctx: RankContext) -> None:
+    e = Expect()
+    row = PRECISION_ROWS[ctx.precision]
+    param_dtype, compute_dtype = getattr(torch, row.param_dtype), getattr(torch,
+                                                                          row.compute_dtype)
+    module, _ = _setup(ctx, reference.model())
+    seen: dict[str, torch.dtype] = {}
+
+    def record(mod: nn.Module, inputs: Any, output: torch.Tensor) -> None:
+        seen.setdefault("activation", output.dtype)
+
+    from interlock.strategies.module_wrapper import unwrap
+
+    first = next(m for m in unwrap(module).modules() if isinstance(m, nn.Linear))
+    hook = first.register_forward_hook(record)
+    x, _ = reference.batch(0)
+    out = module(ctx.strategy.batch_to_device(share(x, ctx.strategy)))
+    hook.remove()
+    ctx.strategy.backward(out.float().sum(), module)
+    param = next(unwrap(module).parameters())
+    local = param.to_local() if isinstance(param, DTensor) else param
+    e(local.dtype == param_dtype,
+           f"{ctx.precision}: parameters are stored in {local.dtype}, expected {param_dtype}")
+    e(seen.get("activation") == compute_dtype,
+           f"{ctx.precision}: the first layer computed in {seen.get('activation')}, "
+           f"expected {compute_dtype}")
+    grad = param.grad
+    if e(grad is not None, f"{ctx.precision}: no gradient after backward"):
+        e(grad is not None and grad.dtype == param_dtype,
+          f"{ctx.precision}: gradients are {getattr(grad, 'dtype', None)}, expected "
+          f"{param_dtype}")
+    if row.plugin in ("half", "mixed"):
+        e(out.dtype == torch.get_default_dtype(),
+               f"{ctx.precision}: the output came back as {out.dtype}, not the caller's "
+               f"{torch.get_default_dtype()}")
+    e.done()
+
+
+def check_scaler_skip(ctx: RankContext) -> None:
+    e = Expect()
+    if not PRECISION_ROWS[ctx.precision].scaler:
+        raise CheckSkipped(f"{ctx.precision} uses no loss scaler")
+    s = ctx.strategy
+    module, opt = _setup(ctx, reference.model())
+    before = _params(module)
+    state = s.precision.state_dict()
+    if "scaler" not in state:
+        raise CheckFailed(f"{ctx.precision}: the precision's state has no 'scaler'")
+    scale = float(state["scaler"]["scale"])
+    x, y = reference.batch(0)
+    x, y = s.batch_to_device((share(x, s), share(y, s)))
+    loss = nn.functional.mse_loss(module(x).float(), y)
+    if s.global_rank == ctx.world_size - 1:
+        loss = loss * float("inf")
+    s.backward(loss, module)
+    s.optimizer_step(opt)
+    opt.zero_grad()
+    after_skip = _params(module)
+    changed = [k for k in before if not torch.equal(before[k], after_skip[k])]
+    e(not changed, f"rank {s.global_rank} stepped although rank {ctx.world_size - 1}'s "
+           f"loss was inf: {changed} changed")
+    new_scale = float(s.precision.state_dict()["scaler"]["scale"])
+    e(new_scale == scale / 2, f"the scale went from {scale} to {new_scale} after an inf "
+           "gradient; expected it halved")
+    _step(ctx, module, opt, 1)
+    moved = [k for k, v in _params(module).items() if not torch.equal(after_skip[k], v)]
+    e(bool(moved), "the step after the skipped one was not taken either")
+    e.done()
+
+
+class _Unpicklable:
+    def __reduce__(self) -> Any:
+        raise OSError("simulated failure in the middle of writing a checkpoint")
+
+
+def check_checkpoint_round_trip(ctx: RankContext) -> None:
+    e = Expect()
+    s = ctx.strategy
+    path = ctx.workdir / f"round-trip-{ctx.precision}.ckpt"
+    module, opt = _setup(ctx, reference.model())
+    for step in range(2):
+        _step(ctx, module, opt, step)
+    saved_params, saved_opt = _params(module), full(opt.state_dict())
+    saved_precision = copy.deepcopy(s.precision.state_dict())
+    s.save_checkpoint(path, {"model": module, "optimizer": opt, "step": 2, "tag": "x"})
+    for step in range(2, 4):  # move away from what was saved
+        _step(ctx, module, opt, step)
+    # a freshly completed strategy: new parts (precision included) from the same plan
+    s.complete(ctx.plan_for(ctx.precision))
+    fresh, fresh_opt = _setup(ctx, reference.other_model())
+    state: dict[str, Any] = {"model": fresh, "optimizer": fresh_opt, "step": 0}
+    rest = s.load_checkpoint(path, state)
+    e.close(_params(fresh), saved_params, "parameters after loading", rtol=0, atol=0,
+            equal_nan=True)
+    e.close(full(fresh_opt.state_dict()), saved_opt, "optimizer state after loading",
+            rtol=0, atol=0, equal_nan=True)
+    e(s.precision.state_dict() == saved_precision,
+           f"precision state after loading is {s.precision.state_dict()}, saved "
+           f"{saved_precision}")
+    e(state["step"] == 2, f"the plain value 'step' loaded as {state['step']!r}, saved 2")
+    e(rest == {"tag": "x"}, f"load_checkpoint returned {rest!r} for the entries it was "
+           "not asked for; expected {'tag': 'x'}")
+    e.done()
+
+
+def check_init_contexts(ctx: RankContext) -> None:
+    e = Expect()
+    s = ctx.strategy
+    row = PRECISION_ROWS[ctx.precision]
+    param_dtype = getattr(torch, row.param_dtype)
+    from interlock.strategies.module_wrapper import unwrap
+
+    for empty in (False, True):
+        with s.module_init_context(empty_init=empty):
+            net = reference.model()
+        module, _ = _setup(ctx, net)
+        for name, p in unwrap(module).named_parameters():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            e(local.device.type == s.root_device.type and not local.is_meta,
+                   f"module_init_context(empty_init={empty}) then setup_module: {name} is on "
+                   f"{local.device}, not {s.root_device}")
+            e(local.dtype == param_dtype,
+                   f"module_init_context(empty_init={empty}): {name} is {local.dtype}, "
+                   f"expected {param_dtype} for {ctx.precision}")
+    with s.tensor_init_context():
+        t = torch.empty(2)
+    e(t.device.type == s.root_device.type,
+           f"tensor_init_context made a tensor on {t.device}, not {s.root_device}")
+    e(t.dtype == param_dtype or row.plugin == "mixed",
+           f"tensor_init_context made {t.dtype}, expected {param_dtype}")
+    e.done()
+
+
+def check_interrupted_save(ctx: RankContext) -> None:
+    e = Expect()
+    if ctx.world_size != 1:
+        raise CheckSkipped("runs at world size 1, where a failing save cannot strand ranks "
+                           "waiting in its barrier")
+    s = ctx.strategy
+    path = ctx.workdir / "interrupted.ckpt"
+    module, opt = _setup(ctx, reference.model())
+    _step(ctx, module, opt, 0)
+    saved = _params(module)
+    s.save_checkpoint(path, {"model": module, "optimizer": opt, "step": 1})
+    _step(ctx, module, opt, 1)
+    try:
+        s.save_checkpoint(path, {"model": module, "optimizer": opt, "step": 2,
+                                 "bad": _Unpicklable()})
+    except Exception:  # any error is the simulated interruption
+        pass
+    else:
+        raise CheckFailed("saving an unpicklable value did not raise, so nothing was "
+                          "interrupted")
+    fresh, fresh_opt = _setup(ctx, reference.other_model())
+    state: dict[str, Any] = {"model": fresh, "optimizer": fresh_opt, "step": 0}
+    try:
+        s.load_checkpoint(path, state)
+    except Exception as error:  # reported as the failure
+        raise CheckFailed(f"after an interrupted save, the previous checkpoint no longer "
+                          f"loads: {type(error).__name__}: {error}") from None
+    e.close(_params(fresh), saved, "the previous checkpoint after an interrupted save",
+                 rtol=0, atol=0)
+    e(state["step"] == 1, f"the previous checkpoint's step is {state['step']!r}, not 1")
+    e.done()
+
+
+RANK_CHECKS: dict[str, Callable[[RankContext], None]] = {
+    "lifecycle": check_lifecycle,
+    "collectives": check_collectives,
+    "training_parity": check_training_parity,
+    "accumulation_parity": check_accumulation_parity,
+    "precision_dtypes": check_precision_dtypes,
+    "scaler_skip": check_scaler_skip,
+    "checkpoint_round_trip": check_checkpoint_round_trip,
+    "init_contexts": check_init_contexts,
+    "interrupted_save": check_interrupted_save,
+}
+
+

@@ -1,0 +1,114 @@
+"""Deliberately broken strategies: each has one bug the conformance suite must catch.
+
+Importing this module registers them (``--interlock-import broken_strategies``). Test
+fixtures, not examples: they subclass DDPStrategy to change one behaviour each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.optim import Optimizer
+
+import interlock
+from interlock.connector.builtin import BUILTIN_STRATEGIES
+from interlock.connector.registry import strategy_specs
+from interlock.strategies.ddp import DDPStrategy
+
+
+class SumsGradients(DDPStrategy):
+    """Sums gradients across ranks instead of averaging them (a real bug class)."""
+
+    def _wrap_module(self, module: nn.Module) -> nn.Module:
+        ddp = super()._wrap_module(module)
+
+        # unannotated: DDP compares the annotations with dist.GradBucket itself, and
+        # this module's postponed annotations are strings
+        def summed(state, bucket):  # type: ignore[no-untyped-def]
+            work = dist.all_reduce(bucket.buffer(), async_op=True)
+            assert work is not None
+            summed_future: torch.futures.Future[torch.Tensor] = work.get_future().then(
+                lambda f: f.value()[0]
+            )
+            return summed_future
+
+        ddp.register_comm_hook(None, summed)  # type: ignore[operator]
+        return ddp
+
+
+class GathersReversed(DDPStrategy):
+    """all_gather returns the ranks' tensors in reverse order."""
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return super().all_gather(tensor).flip(0)
+
+
+class LeaksProcessGroup(DDPStrategy):
+    """teardown leaves the process group alive."""
+
+    def teardown(self) -> None:
+        self._collective._created = False  # the collective now thinks it owns nothing
+        super().teardown()
+
+
+class MiscountsWorld(DDPStrategy):
+    """Once set up, reports one rank more than there is (its process group and data
+    sharding stay right, so the bug is only in what it tells the framework)."""
+
+    @property
+    def world_size(self) -> int:
+        return super().world_size + (1 if dist.is_initialized() else 0)
+
+    @property
+    def data_parallel_size(self) -> int:
+        return super().world_size
+
+
+class DropsOptimizerState(DDPStrategy):
+    """Checkpoints lose the optimizer's per-parameter state."""
+
+    def save_checkpoint(self, path: str | Path, state: Mapping[str, Any]) -> None:
+        emptied: dict[str, Any] = {}
+        for name, value in state.items():
+            if isinstance(value, Optimizer):
+                kept = value.state_dict()
+                emptied[name] = _Emptied({"state": {}, "param_groups": kept["param_groups"]})
+            else:
+                emptied[name] = value
+        super().save_checkpoint(path, emptied)
+
+
+class _Emptied(dict[str, Any]):
+    """A plain state dict standing in for an optimizer when saving."""
+
+
+BROKEN = {
+    "broken_sums_gradients": (SumsGradients, "fork"),
+    "broken_gathers_reversed": (GathersReversed, "fork"),
+    "broken_leaks_process_group": (LeaksProcessGroup, "popen"),
+    "broken_miscounts_world": (MiscountsWorld, "fork"),
+    "broken_drops_optimizer_state": (DropsOptimizerState, "fork"),
+    "correct_ddp_subclass": (DDPStrategy, "fork"),
+}
+
+
+def _register() -> None:
+    template = next(s for s in BUILTIN_STRATEGIES if s.name == "ddp_fork")
+    for name, (cls, start_method) in BROKEN.items():
+        if name in strategy_specs():
+            continue
+        interlock.register_strategy(interlock.StrategySpec(
+            name=name, factory=f"{__name__}:{cls.__name__}",
+            description=f"deliberately broken: {cls.__doc__}", family="ddp",
+            accelerators=frozenset({"cpu"}), precisions=frozenset({"32-true", "bf16-mixed"}),
+            launcher="subprocess" if start_method == "popen" else start_method,
+            options={"start_method": start_method}, capabilities=template.capabilities,
+        ))
+
+
+_register()

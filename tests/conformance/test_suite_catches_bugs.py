@@ -1,0 +1,74 @@
+"""The conformance suite itself: broken strategies fail exactly the checks that should
+catch their bug, and a correct one fails none (one pytest run of the suite, inspected
+through its JSON report)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+#: strategy -> the checks its bug must fail (at world size 2, 32-true)
+EXPECTED_FAILURES: dict[str, set[str]] = {
+    "broken_sums_gradients": {"training_parity", "accumulation_parity"},
+    "broken_gathers_reversed": {"collectives"},
+    "broken_leaks_process_group": {"relaunch", "failure_propagation", "collective_timeout",
+                                   "resharding"},
+    "broken_miscounts_world": {"lifecycle", "collectives"},
+    "broken_drops_optimizer_state": {"checkpoint_round_trip", "resharding"},
+    "correct_ddp_subclass": set(),
+}
+
+
+@pytest.fixture(scope="module")
+def suite_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Run the suite once over every strategy above; return its report and output."""
+    pytester_dir = tmp_path_factory.mktemp("suite")
+    report = pytester_dir / "report.json"
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "pytest", "--pyargs", "interlock.conformance", "-q",
+            "-p", "no:cacheprovider", "-o", "addopts=", "--interlock-world-sizes", "2",
+            "--interlock-precisions", "32-true", "--interlock-runner", "cpu",
+            "--interlock-import", "broken_strategies", "--interlock-report", str(report),
+            "-n", "2", "--dist", "loadgroup"]
+    for name in EXPECTED_FAILURES:
+        args += ["--interlock-strategy", name]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run(args, cwd=pytester_dir, env=env, capture_output=True, text=True,
+                          timeout=900, check=False)
+    assert report.exists(), f"the suite wrote no report:\n{done.stdout[-4000:]}{done.stderr}"
+    return {"report": json.loads(report.read_text()), "stdout": done.stdout,
+            "returncode": done.returncode}
+
+
+@pytest.mark.timeout(960)
+@pytest.mark.parametrize("strategy", list(EXPECTED_FAILURES))
+def test_each_strategy_fails_exactly_the_checks_for_its_bug(suite_run: dict[str, Any],
+                                                             strategy: str) -> None:
+    records = [r for r in suite_run["report"]["records"] if r["strategy"] == strategy]
+    assert records, f"the report has no records for {strategy}"
+    failed = {r["check"] for r in records if r["status"] == "failed"}
+    passed = {r["check"] for r in records if r["status"] == "passed"}
+    details = "\n".join(f"  {r['check']}: {r['message'][:300]}" for r in records
+                        if r["status"] == "failed")
+    assert failed == EXPECTED_FAILURES[strategy], (
+        f"{strategy}: failed {sorted(failed)}, expected {sorted(EXPECTED_FAILURES[strategy])}"
+        f"\n{details}")
+    assert {"declaration", "lifecycle", "training_parity"} - failed <= passed
+
+
+@pytest.mark.timeout(960)
+def test_the_run_reports_versions_machine_and_a_summary(suite_run: dict[str, Any]) -> None:
+    report = suite_run["report"]
+    assert report["torch"] and report["interlock"] and report["machine"]["cpus"]
+    assert suite_run["returncode"] == 1, "broken strategies must make the run fail"
+    assert "interlock conformance" in suite_run["stdout"]
+    assert "broken_sums_gradients" in suite_run["stdout"]
