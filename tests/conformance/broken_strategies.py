@@ -83,6 +83,17 @@ class DropsOptimizerState(DDPStrategy):
         super().save_checkpoint(path, emptied)
 
 
+class CompressesUndeclared(DDPStrategy):
+    """Rounds gradients to float16 in communication without declaring a tolerance."""
+
+    def _wrap_module(self, module: nn.Module) -> nn.Module:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        ddp = super()._wrap_module(module)
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)  # type: ignore[operator]
+        return ddp
+
+
 class _Emptied(dict[str, Any]):
     """A plain state dict standing in for an optimizer when saving."""
 
@@ -93,6 +104,7 @@ BROKEN = {
     "broken_leaks_process_group": (LeaksProcessGroup, "popen"),
     "broken_miscounts_world": (MiscountsWorld, "fork"),
     "broken_drops_optimizer_state": (DropsOptimizerState, "fork"),
+    "broken_compresses_undeclared": (CompressesUndeclared, "fork"),
     "correct_ddp_subclass": (DDPStrategy, "fork"),
 }
 

@@ -21,6 +21,8 @@ EXPECTED_FAILURES: dict[str, set[str]] = {
                                    "resharding"},
     "broken_miscounts_world": {"lifecycle", "collectives"},
     "broken_drops_optimizer_state": {"checkpoint_round_trip", "resharding"},
+    # the example plugin's compression passes only with the tolerance it declares
+    "broken_compresses_undeclared": {"training_parity", "accumulation_parity"},
     "correct_ddp_subclass": set(),
 }
 
