@@ -29,6 +29,7 @@ from interlock.strategies.launchers.base import report_failure
 from interlock.strategies.module_wrapper import StrategyModule, move_to_device, unwrap
 from interlock.strategies.parts import parts_from_plan
 from interlock.strategies.precision import Precision
+from interlock.strategies.sharding import has_meta_tensors, total_norm
 
 if TYPE_CHECKING:
     from interlock.connector.planner import Plan
@@ -55,6 +56,9 @@ class Strategy(ABC):
     interlock_part_kind: ClassVar[str] = "strategy"
     #: the registry name this class serves by default
     registry_name: ClassVar[str]
+    #: whether ``empty_init=True`` builds on the meta device, the strategy allocating
+    #: only each rank's shards when it wraps the module (sharded strategies)
+    materializes_meta: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -253,6 +257,8 @@ class Strategy(ABC):
         return wrapped, [self.setup_optimizer(_rebind(o, names, current)) for o in optimizers]
 
     def module_to_device(self, module: nn.Module) -> nn.Module:
+        if self.materializes_meta and has_meta_tensors(module):
+            return module  # its shards are allocated when it is wrapped
         return module.to(self.root_device)
 
     def batch_to_device(self, batch: Any) -> Any:
@@ -268,11 +274,16 @@ class Strategy(ABC):
     @contextlib.contextmanager
     def module_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
         """Build a module on the root device in the precision's dtype; with
-        ``empty_init=True`` parameters are left uninitialised (to be loaded)."""
+        ``empty_init=True`` parameters are left uninitialised (to be loaded), and
+        sharded strategies build on the meta device (no memory at all), allocating
+        only each rank's shards in :meth:`setup_module`."""
         with contextlib.ExitStack() as stack:
-            stack.enter_context(self.root_device)
+            if empty_init and self.materializes_meta:
+                stack.enter_context(torch.device("meta"))
+            else:
+                stack.enter_context(self.root_device)
             stack.enter_context(self.precision.module_init_context())
-            if empty_init:
+            if empty_init and not self.materializes_meta:
                 stack.enter_context(empty_init_context())
             yield
 
@@ -289,8 +300,9 @@ class Strategy(ABC):
                             norm_type: float = 2.0) -> torch.Tensor:
         """Clip the gradients' total norm (unscaled first); returns the norm before."""
         self.precision.unscale_gradients(optimizer)
-        return torch.nn.utils.clip_grad_norm_(unwrap(module).parameters(), max_norm,
-                                              norm_type=norm_type)
+        # over sharded gradients the norm is a DTensor: return it whole
+        return total_norm(torch.nn.utils.clip_grad_norm_(unwrap(module).parameters(),
+                                                         max_norm, norm_type=norm_type))
 
     def clip_gradients_value(self, module: nn.Module, optimizer: Optimizer,
                              clip_value: float) -> None:

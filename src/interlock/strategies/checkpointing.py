@@ -56,6 +56,20 @@ _FULL_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
 _FULL_FROM_RANK0 = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
 
 
+def save(strategy: Strategy, path: str | Path, state: Mapping[str, Any],
+         *, distributed: bool) -> None:
+    """A sharded strategy's save: a distributed directory, or one full file."""
+    (save_distributed if distributed else save_full)(strategy, path, state)
+
+
+def load(strategy: Strategy, path: str | Path, state: dict[str, Any],
+         *, weights_only: bool = True) -> dict[str, Any]:
+    """A sharded strategy's load: a distributed directory (any world size) or a full
+    file (read on rank 0, scattered)."""
+    loader = load_distributed if is_distributed_checkpoint(path) else load_full
+    return loader(strategy, path, state, weights_only=weights_only)
+
+
 def is_distributed_checkpoint(path: str | Path) -> bool:
     """Whether ``path`` is a directory written by :func:`save_distributed`."""
     return Path(path, ".metadata").is_file()

@@ -23,7 +23,6 @@ from torch.distributed.fsdp import (
     MixedPrecisionPolicy,
     fully_shard,
 )
-from torch.optim import Optimizer
 
 from interlock.strategies import checkpointing
 from interlock.strategies.accelerators import Accelerator
@@ -37,7 +36,6 @@ from interlock.strategies.sharding import (
     apply_activation_checkpointing,
     has_meta_tensors,
     materialize_meta,
-    total_norm,
 )
 
 if TYPE_CHECKING:
@@ -69,6 +67,7 @@ class FSDPStrategy(ParallelStrategy):
     """
 
     registry_name: ClassVar[str] = "fsdp"
+    materializes_meta: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -149,22 +148,6 @@ class FSDPStrategy(ParallelStrategy):
 
     # ----------------------------------------------------------------- modules
 
-    @contextlib.contextmanager
-    def module_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
-        """Build a module in the precision's dtype; with ``empty_init=True`` on the meta
-        device (no memory at all): each rank materialises only its own shards in
-        :meth:`setup_module`, and re-initialises them with ``reset_parameters``."""
-        if not empty_init:
-            with super().module_init_context(empty_init):
-                yield
-            return
-        with torch.device("meta"), self.precision.module_init_context():
-            yield
-
-    def module_to_device(self, module: nn.Module) -> nn.Module:
-        # a module on the meta device is materialised shard by shard after sharding
-        return module if has_meta_tensors(module) else module.to(self.root_device)
-
     def _wrap_module(self, module: nn.Module) -> nn.Module:
         on_meta = has_meta_tensors(module)
         apply_activation_checkpointing(module, self.activation_checkpointing)
@@ -206,31 +189,17 @@ class FSDPStrategy(ParallelStrategy):
         finally:
             inner.set_requires_gradient_sync(True)
 
-    def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float,
-                            norm_type: float = 2.0) -> torch.Tensor:
-        """Clip by the norm of the full (all shards') gradient; returns that norm."""
-        self.precision.unscale_gradients(optimizer)
-        return total_norm(torch.nn.utils.clip_grad_norm_(
-            unwrap(module).parameters(), max_norm, norm_type=norm_type
-        ))
-
     # ----------------------------------------------------------------- checkpoints
 
     def save_checkpoint(self, path: str | Path, state: Mapping[str, Any]) -> None:
         """Save ``state`` as one full file (``state_dict_type="full"``, the layout every
         strategy loads) or a distributed checkpoint directory (``"sharded"``)."""
-        if self.state_dict_type == "sharded":
-            checkpointing.save_distributed(self, path, state)
-        else:
-            checkpointing.save_full(self, path, state)
+        checkpointing.save(self, path, state, distributed=self.state_dict_type == "sharded")
 
     def load_checkpoint(self, path: str | Path, state: dict[str, Any],
                         *, weights_only: bool = True) -> dict[str, Any]:
-        """Load a full file (read on rank 0, scattered) or a distributed checkpoint
-        directory saved at any world size."""
-        if checkpointing.is_distributed_checkpoint(path):
-            return checkpointing.load_distributed(self, path, state, weights_only=weights_only)
-        return checkpointing.load_full(self, path, state, weights_only=weights_only)
+        """Load a full file or a distributed checkpoint directory saved at any world size."""
+        return checkpointing.load(self, path, state, weights_only=weights_only)
 
 
 def _as_predicate(policy: WrapPolicy | None) -> Callable[[nn.Module], bool]:

@@ -12,7 +12,6 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule
-from torch.optim import Optimizer
 
 from interlock.strategies import checkpointing
 from interlock.strategies.accelerators import Accelerator
@@ -22,7 +21,7 @@ from interlock.strategies.mesh import Degree, MeshDegrees
 from interlock.strategies.module_wrapper import unwrap
 from interlock.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 from interlock.strategies.precision import Precision
-from interlock.strategies.sharding import has_meta_tensors, materialize_meta, total_norm
+from interlock.strategies.sharding import has_meta_tensors, materialize_meta
 
 if TYPE_CHECKING:
     from interlock.connector.planner import Plan
@@ -56,6 +55,7 @@ class ModelParallelStrategy(ParallelStrategy):
     """
 
     registry_name: ClassVar[str] = "model_parallel"
+    materializes_meta: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -144,20 +144,6 @@ class ModelParallelStrategy(ParallelStrategy):
 
     # ----------------------------------------------------------------- modules
 
-    @contextlib.contextmanager
-    def module_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
-        """With ``empty_init=True`` the module is built on the meta device and each rank
-        allocates only its shards after ``parallelize_fn``."""
-        if not empty_init:
-            with super().module_init_context(empty_init):
-                yield
-            return
-        with torch.device("meta"), self.precision.module_init_context():
-            yield
-
-    def module_to_device(self, module: nn.Module) -> nn.Module:
-        return module if has_meta_tensors(module) else module.to(self.root_device)
-
     def _wrap_module(self, module: nn.Module) -> nn.Module:
         if self.parallelize_fn is None:
             raise ValueError(
@@ -191,26 +177,13 @@ class ModelParallelStrategy(ParallelStrategy):
             for unit in units:
                 unit.set_requires_gradient_sync(True, recurse=False)
 
-    def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float,
-                            norm_type: float = 2.0) -> torch.Tensor:
-        """Clip by the norm of the full gradient across all shards; returns that norm."""
-        self.precision.unscale_gradients(optimizer)
-        return total_norm(torch.nn.utils.clip_grad_norm_(
-            unwrap(module).parameters(), max_norm, norm_type=norm_type
-        ))
-
     # ----------------------------------------------------------------- checkpoints
 
     def save_checkpoint(self, path: str | Path, state: Mapping[str, Any]) -> None:
         """A distributed checkpoint directory, or one full file gathered on rank 0."""
-        if self.save_distributed_checkpoint:
-            checkpointing.save_distributed(self, path, state)
-        else:
-            checkpointing.save_full(self, path, state)
+        checkpointing.save(self, path, state, distributed=self.save_distributed_checkpoint)
 
     def load_checkpoint(self, path: str | Path, state: dict[str, Any],
                         *, weights_only: bool = True) -> dict[str, Any]:
         """Load a distributed checkpoint directory (any mesh) or a full file."""
-        if checkpointing.is_distributed_checkpoint(path):
-            return checkpointing.load_distributed(self, path, state, weights_only=weights_only)
-        return checkpointing.load_full(self, path, state, weights_only=weights_only)
+        return checkpointing.load(self, path, state, weights_only=weights_only)

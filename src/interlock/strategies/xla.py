@@ -41,6 +41,19 @@ def xla_device() -> torch.device:
     return device
 
 
+def _join_xla_group(strategy: ParallelStrategy) -> None:
+    """Bind the XLA device and create the process group over torch_xla's "xla" backend
+    (its own rendezvous); idempotent."""
+    if strategy._collective.owns_group:
+        return
+    import_torch_xla()
+    import torch_xla.distributed.xla_backend  # noqa: F401 - registers the "xla" backend
+
+    strategy.accelerator.setup_device(strategy.root_device)
+    strategy._collective.setup(backend="xla", init_method="xla://",
+                               timeout=strategy.timeout)
+
+
 class SingleDeviceXLAStrategy(Strategy):
     """One process on one XLA device (torch_xla picks which)."""
 
@@ -127,17 +140,11 @@ class XLAStrategy(ParallelStrategy):
         return self.cluster_environment.world_size()
 
     def setup_environment(self) -> None:
-        if self._collective.owns_group:
-            return
-        import_torch_xla()
-        import torch_xla.distributed.xla_backend  # noqa: F401 - registers the "xla" backend
-
         if self.debug:
             import os
 
             os.environ.setdefault("PT_XLA_DEBUG_LEVEL", "2")
-        self.accelerator.setup_device(self.root_device)
-        self._collective.setup(backend="xla", init_method="xla://", timeout=self.timeout)
+        _join_xla_group(self)
 
     def _wrap_module(self, module: nn.Module) -> nn.Module:
         if self.sync_module_states and self.world_size > 1:
@@ -209,13 +216,7 @@ class XLAFSDPStrategy(ParallelStrategy):
         return self.cluster_environment.world_size()
 
     def setup_environment(self) -> None:
-        if self._collective.owns_group:
-            return
-        import_torch_xla()
-        import torch_xla.distributed.xla_backend  # noqa: F401 - registers the "xla" backend
-
-        self.accelerator.setup_device(self.root_device)
-        self._collective.setup(backend="xla", init_method="xla://", timeout=self.timeout)
+        _join_xla_group(self)
 
     def _wrap_module(self, module: nn.Module) -> nn.Module:
         from torch_xla.distributed.fsdp import XlaFullyShardedDataParallel
