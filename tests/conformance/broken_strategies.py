@@ -24,8 +24,8 @@ from interlock.strategies.ddp import DDPStrategy
 class SumsGradients(DDPStrategy):
     """Sums gradients across ranks instead of averaging them (a real bug class)."""
 
-    def _wrap_module(self, module: nn.Module) -> nn.Module:
-        ddp = super()._wrap_module(module)
+    def wrap_module(self, module: nn.Module) -> nn.Module:
+        ddp = super().wrap_module(module)
 
         # unannotated: DDP compares the annotations with dist.GradBucket itself, and
         # this module's postponed annotations are strings
@@ -86,10 +86,10 @@ class DropsOptimizerState(DDPStrategy):
 class CompressesUndeclared(DDPStrategy):
     """Rounds gradients to float16 in communication without declaring a tolerance."""
 
-    def _wrap_module(self, module: nn.Module) -> nn.Module:
+    def wrap_module(self, module: nn.Module) -> nn.Module:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-        ddp = super()._wrap_module(module)
+        ddp = super().wrap_module(module)
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)  # type: ignore[operator]
         return ddp
 

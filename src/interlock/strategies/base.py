@@ -227,9 +227,9 @@ class Strategy(ABC):
         and output conversion; its state dict is the original module's.
         """
         module = self.module_to_device(self.precision.convert_module(module))
-        return StrategyModule(self._wrap_module(module), module, self.precision)
+        return StrategyModule(self.wrap_module(module), module, self.precision)
 
-    def _wrap_module(self, module: nn.Module) -> nn.Module:
+    def wrap_module(self, module: nn.Module) -> nn.Module:
         return module
 
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:

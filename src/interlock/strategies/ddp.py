@@ -103,7 +103,7 @@ class DDPStrategy(ParallelStrategy):
         planned = self.plan.launcher if self.plan is not None else None
         return planned or _LAUNCHER_OF[self.start_method]
 
-    def _wrap_module(self, module: nn.Module) -> nn.Module:
+    def wrap_module(self, module: nn.Module) -> nn.Module:
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         return DistributedDataParallel(module, device_ids=device_ids, **self.ddp_kwargs)
 

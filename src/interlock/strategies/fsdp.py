@@ -148,7 +148,7 @@ class FSDPStrategy(ParallelStrategy):
 
     # ----------------------------------------------------------------- modules
 
-    def _wrap_module(self, module: nn.Module) -> nn.Module:
+    def wrap_module(self, module: nn.Module) -> nn.Module:
         on_meta = has_meta_tensors(module)
         apply_activation_checkpointing(module, self.activation_checkpointing)
         options = self._shard_options()

@@ -144,7 +144,7 @@ class ModelParallelStrategy(ParallelStrategy):
 
     # ----------------------------------------------------------------- modules
 
-    def _wrap_module(self, module: nn.Module) -> nn.Module:
+    def wrap_module(self, module: nn.Module) -> nn.Module:
         if self.parallelize_fn is None:
             raise ValueError(
                 "ModelParallelStrategy needs a parallelize_fn(module, device_mesh) that "

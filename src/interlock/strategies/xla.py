@@ -146,7 +146,7 @@ class XLAStrategy(ParallelStrategy):
             os.environ.setdefault("PT_XLA_DEBUG_LEVEL", "2")
         _join_xla_group(self)
 
-    def _wrap_module(self, module: nn.Module) -> nn.Module:
+    def wrap_module(self, module: nn.Module) -> nn.Module:
         if self.sync_module_states and self.world_size > 1:
             import torch_xla.core.xla_model as xm
 
@@ -218,7 +218,7 @@ class XLAFSDPStrategy(ParallelStrategy):
     def setup_environment(self) -> None:
         _join_xla_group(self)
 
-    def _wrap_module(self, module: nn.Module) -> nn.Module:
+    def wrap_module(self, module: nn.Module) -> nn.Module:
         from torch_xla.distributed.fsdp import XlaFullyShardedDataParallel
 
         wrapped: nn.Module = XlaFullyShardedDataParallel(module, **self.fsdp_kwargs)

@@ -19,8 +19,8 @@ class CompressedDDPStrategy(DDPStrategy):
 
     registry_name: ClassVar[str] = "ddp_fp16_compress"
 
-    def _wrap_module(self, module: nn.Module) -> nn.Module:
-        ddp: Any = super()._wrap_module(module)
+    def wrap_module(self, module: nn.Module) -> nn.Module:
+        ddp: Any = super().wrap_module(module)
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         wrapped: nn.Module = ddp
         return wrapped
