@@ -58,6 +58,8 @@ class Check:
     needs: str | None = None
 
 
+#: Every check of the suite, in report order (``docs/conformance.md`` lists them with
+#: what each guarantees).
 CHECKS: tuple[Check, ...] = (
     Check(id="declaration", where="declaration",
           guarantees="the spec is well-formed; the class implements the Strategy API with "
@@ -81,7 +83,8 @@ CHECKS: tuple[Check, ...] = (
           "synchronised backward, equal the large-batch baseline"),
     Check(id="precision_dtypes", where="rank",
           guarantees="parameters, activations and gradients have the precision's dtypes; "
-          "outputs come back in the caller's dtype"),
+          "outputs come back in the table's output dtype (the caller's default dtype, "
+          "float64 for 64-true)"),
     Check(id="scaler_skip", where="rank",
           guarantees="with 16-mixed, an inf loss on one rank makes every rank skip the "
           "step and halve the scale; the next step is taken"),
@@ -300,12 +303,13 @@ def check_collectives(ctx: RankContext) -> None:
 def check_training_parity(ctx: RankContext) -> None:
     e = Expect()
     module, opt = _setup(ctx, reference.model())
-    for step in range(3):
+    steps = ctx.spec.parity_steps or 3  # a declared warm-up, else 3
+    for step in range(steps):
         _step(ctx, module, opt, step)
     got = _params(module)
-    want = reference.baseline(ctx.precision, 3)
+    want = reference.baseline(ctx.precision, steps)
     tol = reference.tolerance(ctx.precision, ctx.spec.parity_tolerance)
-    e.close(got, want, f"parameters after 3 steps on {ctx.world_size} ranks vs one "
+    e.close(got, want, f"parameters after {steps} steps on {ctx.world_size} ranks vs one "
                  f"process on the full batches ({ctx.precision})", **tol)
     e.done()
 
@@ -313,13 +317,14 @@ def check_training_parity(ctx: RankContext) -> None:
 def check_accumulation_parity(ctx: RankContext) -> None:
     e = Expect()
     module, opt = _setup(ctx, reference.model())
-    for step in range(2):
+    steps = ctx.spec.parity_steps or 2  # a declared warm-up, else 2
+    for step in range(steps):
         _step(ctx, module, opt, step, accumulate=2)
     got = _params(module)
-    want = reference.baseline(ctx.precision, 2, accumulate=2)
+    want = reference.baseline(ctx.precision, steps, accumulate=2)
     tol = reference.tolerance(ctx.precision, ctx.spec.parity_tolerance)
-    e.close(got, want, "parameters after 2 steps of 2 micro-batches accumulated under "
-                 "no_backward_sync vs one process on the large batches", **tol)
+    e.close(got, want, f"parameters after {steps} steps of 2 micro-batches accumulated "
+                 "under no_backward_sync vs one process on the large batches", **tol)
     e.done()
 
 
@@ -354,10 +359,11 @@ def check_precision_dtypes(ctx: RankContext) -> None:
         e(grad is not None and grad.dtype == param_dtype,
           f"{ctx.precision}: gradients are {getattr(grad, 'dtype', None)}, expected "
           f"{param_dtype}")
-    if row.plugin in ("half", "mixed"):
-        e(out.dtype == torch.get_default_dtype(),
-               f"{ctx.precision}: the output came back as {out.dtype}, not the caller's "
-               f"{torch.get_default_dtype()}")
+    want_out = (torch.get_default_dtype() if row.output_dtype == "default"
+                else getattr(torch, row.output_dtype))
+    e(out.dtype == want_out,
+      f"{ctx.precision}: the output came back as {out.dtype}, expected {want_out} (the "
+      "precision table's output dtype)")
     e.done()
 
 

@@ -27,6 +27,10 @@ class PrecisionRow:
             ``half``, ``mixed``, ``transformer_engine``).
         requires: optional packages it needs.
         description: one line for the docs.
+        output_dtype: dtype of the floating outputs a set-up module hands back:
+            ``"default"`` is the caller's default dtype (float32 unless changed), so a
+            loss against float32 targets works unchanged; ``64-true`` keeps float64,
+            or the loss and every gradient would carry float32 rounding.
     """
 
     name: str
@@ -36,12 +40,13 @@ class PrecisionRow:
     plugin: str
     requires: tuple[str, ...] = ()
     description: str
+    output_dtype: str = "default"
 
 
 PRECISIONS: tuple[PrecisionRow, ...] = (
     PrecisionRow(
         name="64-true", param_dtype="float64", compute_dtype="float64", scaler=False,
-        plugin="double",
+        plugin="double", output_dtype="float64",
         description="double precision parameters and compute",
     ),
     PrecisionRow(

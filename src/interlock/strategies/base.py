@@ -8,7 +8,6 @@ strategies derive from one of these two classes and from nothing concrete.
 from __future__ import annotations
 
 import contextlib
-import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -22,17 +21,21 @@ from interlock.strategies import checkpointing
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.collectives import Collective, ReduceOp
 from interlock.strategies.environments import ClusterEnvironment, LocalEnvironment
-from interlock.strategies.init_context import empty_init_context
+from interlock.strategies.init_context import empty_init_context, parameters_on_meta
 from interlock.strategies.io import CheckpointIO, CheckpointLoadError, TorchCheckpointIO
 from interlock.strategies.launchers import Launcher
+from interlock.strategies.launchers import history as launch_history
 from interlock.strategies.launchers.base import report_failure
 from interlock.strategies.module_wrapper import StrategyModule, move_to_device, unwrap
 from interlock.strategies.parts import parts_from_plan
 from interlock.strategies.precision import Precision
-from interlock.strategies.sharding import has_meta_tensors, total_norm
+from interlock.strategies.sharding import has_meta_tensors, make_storage_private, total_norm
 
 if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
+
     from interlock.connector.planner import Plan
+    from interlock.strategies.dataloading import StrategyDataLoader
 
 T = TypeVar("T")
 
@@ -52,12 +55,15 @@ class Strategy(ABC):
         plan: the Plan this strategy was completed from (None when built by hand).
     """
 
-    #: lets the engine recognise instances without importing the runtime
+    #: Internal, not for users: the engine (:func:`interlock.plan`) reads it to recognise
+    #: a strategy instance passed as ``strategy=`` without importing the runtime.
     interlock_part_kind: ClassVar[str] = "strategy"
     #: the registry name this class serves by default
     registry_name: ClassVar[str]
-    #: whether ``empty_init=True`` builds on the meta device, the strategy allocating
-    #: only each rank's shards when it wraps the module (sharded strategies)
+    #: Internal, not for users: whether ``empty_init=True`` builds on the meta device,
+    #: the strategy allocating only each rank's shards when it wraps the module. Read by
+    #: :meth:`module_init_context` and :meth:`module_to_device`; sharded strategies
+    #: (FSDP, model parallel) set it to True.
     materializes_meta: ClassVar[bool] = False
 
     def __init__(
@@ -89,7 +95,12 @@ class Strategy(ABC):
         return self.plan.strategy if self.plan is not None else self.registry_name
 
     def given_parts(self) -> dict[str, object]:
-        """The parts passed to the constructor (the engine checks them against flags)."""
+        """The parts passed to the constructor, by flag name.
+
+        Internal, not for users: the engine (:func:`interlock.plan`) calls it on a
+        strategy instance passed as ``strategy=``, to refuse a flag that sets one of
+        these parts again.
+        """
         return dict(self._given)
 
     def complete(self, plan: Plan) -> None:
@@ -97,6 +108,10 @@ class Strategy(ABC):
 
         Called again with another plan, it replaces what the previous plan filled in
         and keeps what the constructor was given.
+
+        Internal, not for users: :meth:`interlock.Plan.build` calls it on a strategy
+        instance given to the plan, and each strategy's ``from_plan`` on the instance it
+        creates. Complete an instance with ``interlock.resolve(strategy=instance, ...)``.
         """
         for name, part in parts_from_plan(plan).items():
             if name not in self._given:
@@ -113,10 +128,26 @@ class Strategy(ABC):
         """The launcher for the current parts; None runs in the calling process."""
         return None
 
+    def _explain_failure(self, exc: BaseException) -> BaseException | None:
+        """A clearer error for ``exc`` raised in a rank, when the strategy knows its
+        cause (a peer that already returned); None keeps ``exc``."""
+        return None
+
+    def _announce_return(self) -> None:  # noqa: B027 - optional hook
+        """Called in each rank when the launched function returned (before teardown):
+        multi-process strategies tell their peers, which are then not left waiting
+        in a collective this rank will never join (see ``strategies/uneven.py``)."""
+
     # ----------------------------------------------------------------- parts
 
     @property
     def accelerator(self) -> Accelerator:
+        """The accelerator that sets up and tears down this process's device.
+
+        Raises:
+            RuntimeError: when the strategy was neither given one nor completed from a
+                plan.
+        """
         if self._accelerator is None:
             raise RuntimeError(
                 f"{type(self).__name__} has no accelerator yet: pass one, or build it with "
@@ -126,12 +157,16 @@ class Strategy(ABC):
 
     @property
     def precision(self) -> Precision:
+        """The precision plugin: module and data conversion, autocast, backward and the
+        optimizer step; 32-bit true precision unless given or planned."""
         if self._precision is None:
             self._precision = Precision()
         return self._precision
 
     @property
     def checkpoint_io(self) -> CheckpointIO:
+        """How checkpoint files are written and read; ``torch.save`` and ``torch.load``
+        unless given or planned."""
         if self._checkpoint_io is None:
             self._checkpoint_io = TorchCheckpointIO()
         return self._checkpoint_io
@@ -164,22 +199,27 @@ class Strategy(ABC):
 
     @property
     def global_rank(self) -> int:
+        """This process's rank among all the job's processes (0 for a single process)."""
         return 0
 
     @property
     def local_rank(self) -> int:
+        """This process's rank among the processes on its node."""
         return 0
 
     @property
     def node_rank(self) -> int:
+        """The index of the node this process runs on."""
         return 0
 
     @property
     def world_size(self) -> int:
+        """How many processes the job has, over all nodes."""
         return 1
 
     @property
     def is_global_zero(self) -> bool:
+        """Whether this process is global rank 0 (the one that writes checkpoints)."""
         return self.global_rank == 0
 
     @property
@@ -199,10 +239,22 @@ class Strategy(ABC):
     def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Start the processes, set each up, run ``fn(strategy, *args, **kwargs)`` in
         every one, tear each down, and return rank 0's result."""
-        launcher = self.launcher
-        if launcher is None:
-            return _run_worker(self, fn, args, kwargs)
-        result: T = launcher.launch(_run_worker, self, fn, args, kwargs)
+        index = launch_history.begin()
+        if launch_history.is_script_child() and index < launch_history.target():
+            # a rank re-run by the script launcher for a later launch: this one was
+            # rank 0's earlier launch, served by its own processes; replay its outcome
+            replayed: T = launch_history.replay(index)
+            return replayed
+        try:
+            launcher = self.launcher
+            if launcher is None:
+                result: T = _run_worker(self, fn, args, kwargs)
+            else:
+                result = launcher.launch(_run_worker, self, fn, args, kwargs)
+        except BaseException as exc:
+            launch_history.finish(index, ("raised", exc))
+            raise
+        launch_history.finish(index, ("returned", result))
         return result
 
     @abstractmethod
@@ -227,9 +279,20 @@ class Strategy(ABC):
         and output conversion; its state dict is the original module's.
         """
         module = self.module_to_device(self.precision.convert_module(module))
+        if self.world_size > 1:
+            make_storage_private(module)
         return StrategyModule(self.wrap_module(module), module, self.precision)
 
     def wrap_module(self, module: nn.Module) -> nn.Module:
+        """Extension point: wrap ``module`` for this strategy; returns it unchanged here.
+
+        Override it to put the module in a parallel wrapper. :meth:`setup_module` calls
+        it in every rank after :meth:`setup_environment`, with the module already
+        converted to the precision and on the root device (or on the meta device, for
+        a strategy with ``materializes_meta``), and runs forward through what it
+        returns. The original module's state-dict keys must still describe the
+        parameters after wrapping; checkpoints are taken from the original module.
+        """
         return module
 
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
@@ -244,8 +307,9 @@ class Strategy(ABC):
         Strategies that must see both at once (DeepSpeed builds one engine from them)
         override this; elsewhere it is :meth:`setup_module` then :meth:`setup_optimizer`.
         Sharding replaces a module's parameters with new (sharded) ones: an optimizer
-        created over the old ones, and not stepped yet, is rebuilt over the new ones
-        with the same class, groups and hyperparameters.
+        created over the old ones, and not stepped yet, is re-pointed at the new ones
+        in place (its parameter groups are updated), so the object the caller holds,
+        and any learning-rate scheduler created over it, keep working.
 
         Raises:
             ValueError: for an optimizer that already has state and whose parameters
@@ -257,6 +321,9 @@ class Strategy(ABC):
         return wrapped, [self.setup_optimizer(_rebind(o, names, current)) for o in optimizers]
 
     def module_to_device(self, module: nn.Module) -> nn.Module:
+        """Move ``module`` to the root device (:meth:`setup_module` does this); a module
+        on the meta device stays there when the strategy allocates its shards itself
+        (:attr:`materializes_meta`)."""
         if self.materializes_meta and has_meta_tensors(module):
             return module  # its shards are allocated when it is wrapped
         return module.to(self.root_device)
@@ -273,17 +340,21 @@ class Strategy(ABC):
 
     @contextlib.contextmanager
     def module_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
-        """Build a module on the root device in the precision's dtype; with
-        ``empty_init=True`` parameters are left uninitialised (to be loaded), and
-        sharded strategies build on the meta device (no memory at all), allocating
-        only each rank's shards in :meth:`setup_module`."""
+        """Build a module on the root device in the precision's dtype.
+
+        With ``empty_init=True`` the parameters are not initialised (load them from a
+        checkpoint), and sharded strategies (:attr:`materializes_meta`) put them on
+        the meta device: no memory until :meth:`setup_module` allocates each rank's
+        shards and runs every submodule's ``reset_parameters()``. Buffers are always
+        built for real, with the values the module's ``__init__`` gives them, because
+        buffers registered with ``persistent=False`` are not in a checkpoint.
+        """
         with contextlib.ExitStack() as stack:
-            if empty_init and self.materializes_meta:
-                stack.enter_context(torch.device("meta"))
-            else:
-                stack.enter_context(self.root_device)
+            stack.enter_context(self.root_device)
             stack.enter_context(self.precision.module_init_context())
-            if empty_init and not self.materializes_meta:
+            if empty_init and self.materializes_meta:
+                stack.enter_context(parameters_on_meta())
+            elif empty_init:
                 stack.enter_context(empty_init_context())
             yield
 
@@ -291,32 +362,84 @@ class Strategy(ABC):
 
     def backward(self, loss: torch.Tensor, module: nn.Module | None = None, *args: Any,
                  **kwargs: Any) -> None:
+        """Backpropagate ``loss`` through the precision plugin (scaled first when the
+        precision uses a grad scaler, as ``16-mixed`` does).
+
+        Args:
+            loss: the tensor to backpropagate, usually a scalar loss.
+            module: the set-up module the loss came from. Some strategies and precision
+                plugins need it; pass it always and the same loop works with every
+                strategy.
+            *args: passed on to ``loss.backward``.
+            **kwargs: passed on to ``loss.backward``.
+        """
         self.precision.backward(loss, module, *args, **kwargs)
 
     def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+        """Step ``optimizer`` through the precision plugin; with a grad scaler
+        (``16-mixed``) a step whose gradients hold inf or NaN is skipped.
+
+        Args:
+            optimizer: an optimizer returned by :meth:`setup_optimizer` (or
+                :meth:`setup_module_and_optimizers`).
+            **kwargs: passed on to ``optimizer.step``.
+
+        Returns:
+            What ``optimizer.step`` returned (None for a skipped step).
+        """
         return self.precision.optimizer_step(optimizer, **kwargs)
 
     def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float,
                             norm_type: float = 2.0) -> torch.Tensor:
-        """Clip the gradients' total norm (unscaled first); returns the norm before."""
+        """Clip the total norm of the gradients ``optimizer`` steps, over the parameters
+        of ``module``; returns the norm before clipping.
+
+        Only that optimizer's parameters are measured and clipped (they are the ones
+        unscaled first under ``16-mixed``): with one optimizer per submodule, clip once
+        per optimizer, and each clip sees only its own gradients.
+
+        Args:
+            module: the set-up module whose parameters the optimizer steps.
+            optimizer: the optimizer whose gradients are clipped.
+            max_norm: the largest total norm allowed.
+            norm_type: the p of the p-norm (``float("inf")`` for the max norm).
+
+        Raises:
+            ValueError: if the optimizer steps none of the module's parameters.
+        """
         self.precision.unscale_gradients(optimizer)
+        params = _owned_parameters(module, optimizer)
         # over sharded gradients the norm is a DTensor: return it whole
-        return total_norm(torch.nn.utils.clip_grad_norm_(unwrap(module).parameters(),
-                                                         max_norm, norm_type=norm_type))
+        return total_norm(torch.nn.utils.clip_grad_norm_(params, max_norm,
+                                                         norm_type=norm_type))
 
     def clip_gradients_value(self, module: nn.Module, optimizer: Optimizer,
                              clip_value: float) -> None:
+        """Clamp each gradient ``optimizer`` steps (over the parameters of ``module``)
+        to ``[-clip_value, clip_value]``, unscaled first under ``16-mixed``."""
         self.precision.unscale_gradients(optimizer)
-        torch.nn.utils.clip_grad_value_(unwrap(module).parameters(), clip_value)
+        torch.nn.utils.clip_grad_value_(_owned_parameters(module, optimizer), clip_value)
 
     @contextlib.contextmanager
     def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> Iterator[None]:
-        """Skip gradient synchronisation in backward (gradient accumulation)."""
+        """Skip gradient synchronisation in backward (gradient accumulation).
+
+        Args:
+            module: the set-up module whose backward passes run inside the context.
+            enabled: False makes the context do nothing (for the micro-batch that ends
+                an accumulation window).
+        """
         yield
 
     # ----------------------------------------------------------------- collectives
 
     def all_reduce(self, tensor: torch.Tensor, reduce_op: ReduceOp = "mean") -> torch.Tensor:
+        """``tensor`` reduced over every rank, on every rank (``tensor`` is not changed).
+
+        Args:
+            tensor: this rank's contribution.
+            reduce_op: ``"sum"``, ``"mean"``, ``"max"`` or ``"min"``.
+        """
         return self.collective.all_reduce(tensor, reduce_op)
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -331,6 +454,7 @@ class Strategy(ABC):
         return self.collective.broadcast_object(obj, src)  # type: ignore[no-any-return]
 
     def barrier(self) -> None:
+        """Wait until every rank has reached this call."""
         self.collective.barrier()
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
@@ -338,6 +462,41 @@ class Strategy(ABC):
         votes = torch.tensor(int(bool(decision)), device=self.root_device)
         total = int(self.collective.all_reduce(votes, "sum").item())
         return total == self.world_size if all else total > 0
+
+    # ----------------------------------------------------------------- data
+
+    def setup_dataloader(self, loader: DataLoader[Any], *, move_to_device: bool = True,
+                         evaluation: bool = False) -> StrategyDataLoader:
+        """``loader`` for this rank: sharded over the data-parallel ranks, keeping its
+        batch size, drop_last, shuffling and workers; each iteration is the next epoch.
+
+        Training gives every rank the same number of batches (the order padded by
+        repetition, or its tail dropped with ``drop_last``); ``evaluation=True`` gives
+        every sample exactly once, so ranks may differ by a batch (no collectives per
+        batch then). A single process keeps the loader as it is. Call it on every rank
+        in the same order: the ranks agree on a shuffle seed. Batches go through
+        :meth:`batch_to_device` unless ``move_to_device=False``. The rules for custom
+        samplers, IterableDatasets and workers: :mod:`interlock.strategies.dataloading`.
+        """
+        from interlock.strategies.dataloading import setup_dataloader
+
+        return setup_dataloader(self, loader, move_to_device=move_to_device,
+                                evaluation=evaluation)
+
+    def setup_dataloaders(self, *loaders: DataLoader[Any], move_to_device: bool = True,
+                          evaluation: bool = False) -> tuple[StrategyDataLoader, ...]:
+        """:meth:`setup_dataloader` for each of ``loaders``, in order."""
+        if not loaders:
+            raise ValueError("setup_dataloaders needs at least one DataLoader")
+        return tuple(self.setup_dataloader(loader, move_to_device=move_to_device,
+                                           evaluation=evaluation) for loader in loaders)
+
+    # ----------------------------------------------------------------- output
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print(*args, **kwargs)`` on global rank 0 only."""
+        if self.is_global_zero:
+            print(*args, **kwargs)
 
     # ----------------------------------------------------------------- checkpoints
 
@@ -385,7 +544,8 @@ class Strategy(ABC):
 
 def _rebind(optimizer: Optimizer, names: dict[int, str],
             current: dict[str, nn.Parameter]) -> Optimizer:
-    """``optimizer`` over the set-up module's parameters (itself when they are the same)."""
+    """``optimizer`` itself, its parameter groups pointing at the set-up module's
+    parameters (nothing changes when they are the same ones)."""
     groups = optimizer.param_groups
     if all(current.get(names.get(id(p), "")) is p for g in groups for p in g["params"]):
         return optimizer
@@ -400,12 +560,24 @@ def _rebind(optimizer: Optimizer, names: dict[int, str],
             f"{type(optimizer).__name__} steps {len(missing)} tensor(s) that are not "
             "parameters of the module being set up"
         )
-    rebuilt = [{**{k: v for k, v in g.items() if k != "params"},
-                "params": [current[names[id(p)]] for p in g["params"]]} for g in groups]
-    # defaults may hold derived entries the constructor does not take
-    accepted = inspect.signature(type(optimizer)).parameters
-    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
-    return type(optimizer)(rebuilt, **defaults)
+    # In place, not a new optimizer: schedulers, hooks and the caller's references all
+    # hold this object. It has no state yet, so only the groups name the parameters.
+    for group in groups:
+        group["params"] = [current[names[id(p)]] for p in group["params"]]
+    return optimizer
+
+
+def _owned_parameters(module: nn.Module, optimizer: Optimizer) -> list[nn.Parameter]:
+    """The parameters of ``module`` that ``optimizer`` steps, in the module's order."""
+    owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    params = [p for p in unwrap(module).parameters() if id(p) in owned]
+    if not params:
+        raise ValueError(
+            f"{type(optimizer).__name__} steps none of the parameters of the module given "
+            "to clip: pass the set-up module and an optimizer over its parameters (set "
+            "them up together with setup_module_and_optimizers)"
+        )
+    return params
 
 
 def _state_of(value: Any) -> Any:
@@ -421,11 +593,17 @@ def _run_worker(strategy: Strategy, fn: Callable[..., T], args: tuple[Any, ...],
     """What every process runs: set up, call the user's function, tear down."""
     try:
         strategy.setup_environment()
-        return fn(strategy, *args, **kwargs)
+        result = fn(strategy, *args, **kwargs)
+        strategy._announce_return()
+        return result
     except BaseException as exc:
         # Record when and what failed now, before teardown closes connections and makes
         # the peers fail too: the launcher names the earliest failure, and a slow
         # teardown must not keep this record from it.
+        explained = strategy._explain_failure(exc)
+        if explained is not None:
+            report_failure(explained)
+            raise explained from exc
         report_failure(exc)
         raise
     finally:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -54,6 +55,12 @@ _OLD_SUFFIX = ".interlock-old"
 _FULL_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
 #: load full tensors that only rank 0 holds: broadcast, then each rank keeps its shard
 _FULL_FROM_RANK0 = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+#: optimizer state may lack parameters that never had a gradient (unused in forward):
+#: torch's own Optimizer.load_state_dict accepts that, so the sharded loads do too
+#: (the saved and current parameter groups are still matched name by name)
+_OPTIMIZER_FULL_FROM_RANK0 = StateDictOptions(full_state_dict=True,
+                                              broadcast_from_rank0=True, strict=False)
+_OPTIMIZER_SHARDED = StateDictOptions(strict=False)
 
 
 def save(strategy: Strategy, path: str | Path, state: Mapping[str, Any],
@@ -214,7 +221,8 @@ def load_full(strategy: Strategy, path: str | Path, state: dict[str, Any],
                 optimizer_state_by_name(checkpoint[name], target, owners[name])
                 if strategy.is_global_zero else {}
             )
-            set_optimizer_state_dict(owners[name], target, by_name, options=_FULL_FROM_RANK0)
+            set_optimizer_state_dict(owners[name], target, by_name,
+                                     options=_OPTIMIZER_FULL_FROM_RANK0)
     return _restore_plain(strategy, state, rest)
 
 
@@ -342,10 +350,19 @@ def load_distributed(strategy: Strategy, path: str | Path, state: dict[str, Any]
             targets[name] = get_model_state_dict(unwrap(value))
         elif isinstance(value, Optimizer):
             targets[name] = get_optimizer_state_dict(owners[name], value)
-    dcp.load(targets, checkpoint_id=path)
+    models = {n: v for n, v in targets.items() if isinstance(state[n], nn.Module)}
+    optimizers = {n: v for n, v in targets.items() if n not in models}
+    if models:
+        dcp.load(models, checkpoint_id=path)
+    if optimizers:
+        # a parameter that never had a gradient has no saved optimizer state: what the
+        # optimizer holds for it (nothing, or the zeros torch initialises) stays
+        dcp.load(optimizers, checkpoint_id=path,
+                 planner=DefaultLoadPlanner(allow_partial_load=True))
     for name, value in state.items():
         if isinstance(value, nn.Module):
             set_model_state_dict(unwrap(value), targets[name])
         elif isinstance(value, Optimizer):
-            set_optimizer_state_dict(owners[name], value, targets[name])
+            set_optimizer_state_dict(owners[name], value, targets[name],
+                                     options=_OPTIMIZER_SHARDED)
     return _restore_plain(strategy, state, plain)

@@ -34,8 +34,10 @@ from interlock.strategies.precision import Precision
 from interlock.strategies.precision.fsdp import FSDPPrecision
 from interlock.strategies.sharding import (
     apply_activation_checkpointing,
+    broadcast_from_rank0,
     has_meta_tensors,
     materialize_meta,
+    rank0_random_stream,
 )
 
 if TYPE_CHECKING:
@@ -150,6 +152,7 @@ class FSDPStrategy(ParallelStrategy):
 
     def wrap_module(self, module: nn.Module) -> nn.Module:
         on_meta = has_meta_tensors(module)
+        broadcast_from_rank0(module)  # one starting point, whatever each rank built
         apply_activation_checkpointing(module, self.activation_checkpointing)
         options = self._shard_options()
         # children before parents: a unit's parameters are those no inner unit took
@@ -158,8 +161,9 @@ class FSDPStrategy(ParallelStrategy):
                 fully_shard(sub, **options)
         fully_shard(module, **options)
         if on_meta:
-            materialize_meta(module, torch.device("cpu") if self.cpu_offload
-                             else self.root_device)
+            with rank0_random_stream(self.root_device):
+                materialize_meta(module, torch.device("cpu") if self.cpu_offload
+                                 else self.root_device)
         return module
 
     def _shard_options(self) -> dict[str, Any]:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
+from torch import nn
 from torch.overrides import TorchFunctionMode
 
 
@@ -24,3 +27,27 @@ class empty_init_context(TorchFunctionMode):
             return kwargs["tensor"] if "tensor" in kwargs else args[0]
         return func(*args, **kwargs)
 
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Every plain parameter registered inside the block is moved to the meta device.
+
+    Only parameters: buffers keep the values ``__init__`` computed (a rotary
+    frequency table, a causal mask, batch-norm statistics), which often are not in
+    the state dict (``persistent=False``) and so could not be restored by loading a
+    checkpoint. A parameter exists on the real device only until it is registered,
+    one at a time, so the peak is the largest single parameter, not the model.
+    """
+
+    def to_meta(module: nn.Module, name: str, param: Any) -> Any:
+        # subclasses (lazy or quantised parameters) know best where they live
+        if type(param) is not nn.Parameter or param.is_meta:
+            return None
+        return nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+
+    handle = torch.nn.modules.module.register_module_parameter_registration_hook(to_meta)
+    try:
+        yield
+    finally:
+        handle.remove()

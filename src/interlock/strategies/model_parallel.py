@@ -21,7 +21,12 @@ from interlock.strategies.mesh import Degree, MeshDegrees
 from interlock.strategies.module_wrapper import unwrap
 from interlock.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 from interlock.strategies.precision import Precision
-from interlock.strategies.sharding import has_meta_tensors, materialize_meta
+from interlock.strategies.sharding import (
+    broadcast_from_rank0,
+    has_meta_tensors,
+    materialize_meta,
+    rank0_random_stream,
+)
 
 if TYPE_CHECKING:
     from interlock.connector.planner import Plan
@@ -152,6 +157,7 @@ class ModelParallelStrategy(ParallelStrategy):
                 "strategy=ModelParallelStrategy(parallelize_fn=...) to interlock.resolve()"
             )
         on_meta = has_meta_tensors(module)
+        broadcast_from_rank0(module)  # one starting point, whatever each rank built
         parallel = self.parallelize_fn(module, self.device_mesh)
         if not isinstance(parallel, nn.Module):
             raise TypeError(
@@ -159,7 +165,8 @@ class ModelParallelStrategy(ParallelStrategy):
                 "parallelised"
             )
         if on_meta:
-            materialize_meta(parallel, self.root_device)
+            with rank0_random_stream(self.root_device):
+                materialize_meta(parallel, self.root_device)
         return parallel
 
     @contextlib.contextmanager

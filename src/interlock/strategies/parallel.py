@@ -24,6 +24,7 @@ from interlock.strategies.launchers import (
 from interlock.strategies.launchers.base import RANK0_SERVES_ENV, RENDEZVOUS_ENV
 from interlock.strategies.launchers.rendezvous import connect_store
 from interlock.strategies.precision import Precision
+from interlock.strategies.uneven import ReturnWatch
 
 if TYPE_CHECKING:
     from interlock.connector.planner import Plan
@@ -62,6 +63,7 @@ class ParallelStrategy(Strategy):
         self.timeout = timeout
         self._collective = TorchCollective()
         self._exported: dict[str, str | None] | None = None
+        self._return_watch: ReturnWatch | None = None
 
     def _place(self, plan: Plan) -> None:
         # what the constructor was not given follows the (latest) plan
@@ -108,6 +110,7 @@ class ParallelStrategy(Strategy):
 
     @property
     def num_processes(self) -> int:
+        """How many processes run on each node: one per device in ``parallel_devices``."""
         return len(self.parallel_devices)
 
     @property
@@ -148,12 +151,25 @@ class ParallelStrategy(Strategy):
             self._collective.setup(backend=self.backend, rank=self.global_rank,
                                    world_size=self.world_size, store=store,
                                    timeout=self.timeout)
+            self._watch_returns()
             return
         # Processes made by a cluster launcher: torch's env:// rendezvous.
         cluster = self.cluster_environment
         self._export({"MASTER_ADDR": cluster.main_address, "MASTER_PORT": str(cluster.main_port)})
         self._collective.setup(backend=self.backend, rank=self.global_rank,
                                world_size=self.world_size, timeout=self.timeout)
+        self._watch_returns()
+
+    def _watch_returns(self) -> None:
+        self._return_watch = ReturnWatch(self.global_rank, self.world_size)
+        self._return_watch.start()
+
+    def _announce_return(self) -> None:
+        if self._return_watch is not None:
+            self._return_watch.returned()
+
+    def _explain_failure(self, exc: BaseException) -> BaseException | None:
+        return self._return_watch.explain(exc) if self._return_watch is not None else None
 
     def _export(self, values: dict[str, str]) -> None:
         """Set variables for torch, remembering what to restore at teardown."""
@@ -161,6 +177,9 @@ class ParallelStrategy(Strategy):
         os.environ.update(values)
 
     def teardown(self) -> None:
+        if self._return_watch is not None:
+            self._return_watch.stop()
+            self._return_watch = None
         self._collective.teardown()
         if self._exported is not None:
             for key, old in self._exported.items():

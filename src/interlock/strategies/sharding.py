@@ -3,9 +3,11 @@ checkpointing, and norms of sharded gradients."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -17,17 +19,88 @@ def has_meta_tensors(module: nn.Module) -> bool:
 
 @torch.no_grad()
 def materialize_meta(module: nn.Module, device: torch.device) -> None:
-    """Allocate a (sharded) module built on the meta device and initialise it.
+    """Allocate the meta tensors of a (sharded) module and initialise them.
 
-    Only the local shards are allocated. Every submodule with a ``reset_parameters``
-    method runs it; parameters of modules without one are left uninitialised, as
-    after ``torch.empty``, and are meant to be loaded from a checkpoint.
+    Only the local shards are allocated; tensors already on a real device (buffers
+    built by ``__init__``) keep their values. Every submodule with a
+    ``reset_parameters`` method runs it; parameters of modules without one are left
+    uninitialised, as after ``torch.empty``, and are meant to be loaded from a
+    checkpoint.
     """
-    module.to_empty(device=device)
+    module._apply(  # type: ignore[no-untyped-call]
+        lambda t: torch.empty_like(t, device=device) if t.is_meta else t
+    )
     for sub in module.modules():
         reset = getattr(sub, "reset_parameters", None)
         if callable(reset):
             reset()
+
+
+@torch.no_grad()
+def make_storage_private(module: nn.Module) -> None:
+    """Give every CPU parameter and buffer of ``module`` that lives in shared memory a
+    private copy, in place (parameter objects are kept, so optimizers created over
+    them still step them).
+
+    Shared memory is how torch's multiprocessing hands tensors to other processes
+    (``share_memory_()``, a queue, a spawned process's arguments): if the ranks of one
+    node all held such a storage, every rank's optimizer would update the same
+    numbers and each step would be applied once per rank.
+    """
+    for sub in module.modules():
+        for param in sub.parameters(recurse=False):
+            if _in_shared_memory(param):
+                param.data = param.data.clone()
+        for name, buffer in sub.named_buffers(recurse=False):
+            if _in_shared_memory(buffer):
+                sub._buffers[name] = buffer.clone()
+
+
+def _in_shared_memory(tensor: torch.Tensor) -> bool:
+    # is_shared() is always true for CUDA tensors: only CPU storage is in question
+    return tensor.device.type == "cpu" and bool(tensor.is_shared())  # type: ignore[no-untyped-call]
+
+
+@torch.no_grad()
+def broadcast_from_rank0(module: nn.Module) -> None:
+    """Give every rank rank 0's values of the module's real parameters and buffers.
+
+    What DDP does when it wraps a module, for the strategies that shard it instead:
+    without it each rank's shard would come from that rank's own initialisation, and
+    replicated (tensor-parallel) parameters would differ between ranks. Meta tensors
+    are skipped (see :func:`rank0_random_stream`).
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    for tensor in (*module.parameters(), *module.buffers()):
+        if tensor.is_meta or isinstance(tensor, DTensor):
+            continue
+        if tensor.is_contiguous():
+            dist.broadcast(tensor.detach(), src=0)
+        else:
+            values = tensor.detach().contiguous()
+            dist.broadcast(values, src=0)
+            tensor.detach().copy_(values)
+
+
+@contextlib.contextmanager
+def rank0_random_stream(device: torch.device) -> Iterator[None]:
+    """Inside the block every rank draws random numbers from one stream, seeded by
+    rank 0; the caller's random state is restored afterwards.
+
+    Parameters initialised on the meta device get their values from
+    ``reset_parameters()`` after sharding: with one stream, replicated parameters
+    are equal on every rank and no rank's own seed decides a shard.
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        yield
+        return
+    seed = [int(torch.randint(0, 2**62, ()).item())]
+    dist.broadcast_object_list(seed, src=0)
+    devices = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed[0])
+        yield
 
 
 def apply_activation_checkpointing(module: nn.Module,

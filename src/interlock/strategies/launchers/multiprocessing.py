@@ -71,6 +71,7 @@ class MultiProcessingLauncher(Launcher):
                 "and a forked child cannot use it. Use strategy='ddp_spawn' (or "
                 "'ddp'), or avoid touching CUDA before launch()."
             )
+        payload = _payload(self.start_method, entry, args, kwargs)
         rendezvous, hosted = choose_rendezvous(self.num_nodes, self.main_address,
                                                self.main_port)
         world_size = self.num_processes * self.num_nodes
@@ -80,7 +81,7 @@ class MultiProcessingLauncher(Launcher):
             with sigterm_as_exception():
                 process_context = mp.start_processes(  # type: ignore[no-untyped-call]
                     _worker,
-                    args=(entry, args, kwargs, self.node_rank, self.num_processes,
+                    args=(payload, self.node_rank, self.num_processes,
                           world_size, rendezvous, not hosted, self.start_method,
                           errors.name,
                           # a forkserver child's parent is the server, not this process
@@ -150,8 +151,33 @@ def _stop(context: Any, grace: float = 5.0) -> None:
             p.join()
 
 
-def _worker(local_rank: int, entry: WorkerEntry, args: tuple[Any, ...],
-            kwargs: dict[str, Any], node_rank: int, num_processes: int,
+def _payload(start_method: str, entry: WorkerEntry, args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> bytes | tuple[WorkerEntry, tuple[Any, ...],
+                                                      dict[str, Any]]:
+    """What the workers receive: the call itself for fork (each child has a private
+    copy-on-write image of this process), else the call pickled with plain pickle.
+
+    Not torch's multiprocessing pickler: that one moves CPU tensors into shared memory
+    and hands every worker the same storage, so a model passed to ``launch`` would be
+    one set of parameters that every rank's optimizer steps (and the caller's model
+    would be left in shared memory). Plain pickle copies the data, so every rank
+    starts from an equal but private copy.
+    """
+    if start_method == "fork":
+        return entry, args, kwargs
+    try:
+        return pickle.dumps((entry, args, kwargs))
+    except Exception as error:
+        raise LaunchError(
+            f"the function and arguments given to launch() must pickle to reach "
+            f"{start_method!r} worker processes: {type(error).__name__}: {error}. Define "
+            "the function at module level, or use strategy='ddp_fork' or 'ddp'"
+        ) from error
+
+
+def _worker(local_rank: int,
+            payload: bytes | tuple[WorkerEntry, tuple[Any, ...], dict[str, Any]],
+            node_rank: int, num_processes: int,
             world_size: int, rendezvous: str, rank0_serves: bool, start_method: str,
             errors: str, parent_pid: int | None) -> None:
     die_with_parent()
@@ -165,6 +191,10 @@ def _worker(local_rank: int, entry: WorkerEntry, args: tuple[Any, ...],
         world_size=world_size,
         rendezvous=rendezvous, rank0_serves=rank0_serves,
     )
+    if isinstance(payload, bytes):
+        entry, args, kwargs = run_recording_errors(pickle.loads, (payload,), {})
+    else:
+        entry, args, kwargs = payload
     result = run_recording_errors(entry, args, kwargs)
     if rank == 0:
         # A file, not a pipe: the parent reads it after the workers exit, so a result

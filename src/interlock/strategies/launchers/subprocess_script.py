@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from interlock.strategies.launchers import history as launch_history
 from interlock.strategies.launchers.base import (
     ERROR_FILE_ENV,
     RANK0_SERVES_ENV,
@@ -102,15 +103,14 @@ class SubprocessScriptLauncher(Launcher):
         self.main_port = main_port
 
     def launch(self, entry: WorkerEntry, *args: Any, **kwargs: Any) -> Any:
-        global _launches
-        index, _launches = _launches, _launches + 1
+        index = launch_history.current()
         if RENDEZVOUS_ENV in os.environ and "LOCAL_RANK" in os.environ:
             return _run_as_child(index, entry, args, kwargs)
         world_size = self.num_processes * self.num_nodes
         rendezvous, hosted = choose_rendezvous(self.num_nodes, self.main_address,
                                                self.main_port)
         host, _, port = rendezvous.rpartition(":")
-        own = {LAUNCH_INDEX_ENV: str(index),
+        own = {launch_history.LAUNCH_INDEX_ENV: str(index),
                "RANK": str(self.node_rank * self.num_processes), "LOCAL_RANK": "0",
                "NODE_RANK": str(self.node_rank),
                "WORLD_SIZE": str(world_size), "MASTER_ADDR": host, "MASTER_PORT": port,
@@ -174,6 +174,8 @@ class SubprocessScriptLauncher(Launcher):
         self, errors: Path, own: dict[str, str]
     ) -> dict[int, subprocess.Popen[bytes]]:
         command = script_command()
+        history = launch_history.write(errors, launch_history.current())
+        own = {**own, launch_history.LAUNCH_HISTORY_ENV: str(history)}
         children: dict[int, subprocess.Popen[bytes]] = {}
         for local_rank in range(1, self.num_processes):
             rank = self.node_rank * self.num_processes + local_rank
@@ -186,19 +188,12 @@ class SubprocessScriptLauncher(Launcher):
         return children
 
 
-#: How many launches this process has made; a child started for rank 0's n-th launch
-#: skips its own earlier ones and exits after the n-th, so every launch of the script
-#: gets ranks that run the same function.
-_launches = 0
-LAUNCH_INDEX_ENV = "INTERLOCK_LAUNCH_INDEX"
-
-
 def _run_as_child(index: int, entry: WorkerEntry, args: tuple[Any, ...],
                   kwargs: dict[str, Any]) -> Any:
-    target = int(os.environ.get(LAUNCH_INDEX_ENV, "0"))
-    if index < target:
-        return None  # rank 0's earlier launch, served by earlier children
-    if index > target:
+    # earlier launches were replayed by Strategy.launch (launchers/history.py); a child
+    # started for rank 0's n-th launch runs the n-th and exits
+    target = launch_history.target()
+    if index != target:
         raise LaunchError("internal error: a child of the script launcher ran past its launch")
     run_recording_errors(entry, args, kwargs)
     # Rank 0 serves any later launch with new children; this one is done.

@@ -1,0 +1,167 @@
+"""Ranks that disagree on how many collectives to run fail at once, by name.
+
+If one rank returns from the training function while another still steps (the last,
+smaller batch of an uneven dataset on one rank only), the other rank's next gradient
+reduction waits for a peer that will never join it: gloo and nccl report that only
+after the process group's timeout (30 minutes by default), as "connection closed" or
+"timed out", without saying why.
+
+Each rank of a multi-process strategy announces in the rendezvous store that it
+returned from the function. A watcher thread in every rank looks for such
+announcements; if a peer has returned while this rank's main thread sits, unchanged
+for :data:`GRACE_S` seconds, in a collective or in a backward pass (where gradients
+are reduced), this rank is waiting for a rank that is gone. It records an
+:class:`UnevenCollectivesError` naming the ranks for its launcher and exits.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from types import FrameType
+
+import torch.distributed as dist
+
+from interlock.strategies.launchers.base import report_failure
+
+#: how long this rank's main thread must stay in the same collective (or backward)
+#: after a peer returned before it counts as stranded: long enough for the end of a
+#: backward pass whose last reduction already completed
+GRACE_S = 10.0
+#: how often the watcher looks at the store (one operation per rank and poll)
+POLL_S = 1.0
+#: the exit code of a rank ended by the watcher
+STRANDED_EXIT_CODE = 70
+
+_generation = 0
+
+
+class UnevenCollectivesError(RuntimeError):
+    """A rank was left waiting in a collective by ranks that had already returned."""
+
+
+def _key(generation: int, rank: int) -> str:
+    return f"interlock/returned/{generation}/{rank}"
+
+
+def _count_key(generation: int) -> str:
+    return f"interlock/returned/{generation}/count"
+
+
+def _waiting_in_collective(frame: FrameType) -> bool:
+    """Whether ``frame`` (the main thread's innermost) is torch.distributed code or
+    the autograd engine (where DDP and FSDP reduce gradients)."""
+    where = frame.f_code.co_filename.replace(os.sep, "/")
+    return "/torch/distributed/" in where or frame.f_code.co_name in (
+        "_engine_run_backward", "backward")
+
+
+class ReturnWatch:
+    """Announces this rank's return and watches for stranded collectives."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        global _generation
+        _generation += 1  # every rank sets up the same strategies in the same order
+        self.generation = _generation
+        self.rank = rank
+        self.world_size = world_size
+        self._store: dist.Store | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Begin watching (a no-op with one rank or no default store)."""
+        if self.world_size < 2:
+            return
+        try:
+            self._store = dist.distributed_c10d._get_default_store()
+        except (RuntimeError, ValueError, AttributeError):
+            return  # no store to talk through: the process group's timeout still applies
+        self._thread = threading.Thread(target=self._watch, name="interlock-return-watch",
+                                        daemon=True)
+        self._thread.start()
+
+    def returned(self) -> None:
+        """Announce that this rank returned from the training function."""
+        self._stop.set()
+        if self._store is not None:
+            try:
+                self._store.set(_key(self.generation, self.rank), "1")
+                self._store.add(_count_key(self.generation), 1)
+            except (RuntimeError, ValueError):
+                pass  # the store is gone with a peer: nothing is waiting for this rank
+
+    def stop(self) -> None:
+        """Stop watching (teardown)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2 * POLL_S)
+        self._thread = None
+
+    def _peers_returned(self, store: dist.Store) -> list[int]:
+        peers = [r for r in range(self.world_size) if r != self.rank]
+        return [r for r in peers if store.check([_key(self.generation, r)])]
+
+    def _watch(self) -> None:
+        main = threading.main_thread().ident
+        store = self._store
+        since: tuple[FrameType, float] | None = None
+        while store is not None and not self._stop.wait(POLL_S):
+            try:
+                # one store operation per poll, whatever the world size
+                if store.add(_count_key(self.generation), 0) == 0:
+                    continue
+            except (RuntimeError, ValueError):
+                return  # the store went away: the launch is ending
+            frame = sys._current_frames().get(main or -1)
+            if frame is None or not _waiting_in_collective(frame):
+                since = None
+                continue
+            if since is None or since[0] is not frame:
+                since = (frame, time.monotonic())
+                continue
+            if time.monotonic() - since[1] < GRACE_S or self._stop.is_set():
+                continue
+            try:
+                returned = self._peers_returned(store)
+            except (RuntimeError, ValueError):
+                return
+            if returned:
+                self._give_up(returned, frame)
+
+    def explain(self, exc: BaseException) -> UnevenCollectivesError | None:
+        """``exc`` (a collective that failed in this rank) explained, when peers had
+        returned from the function before it: their absence is the cause."""
+        if self._store is None or not isinstance(exc, RuntimeError):
+            return None
+        try:
+            returned = self._peers_returned(self._store)
+        except (RuntimeError, ValueError):
+            return None
+        if not returned:
+            return None
+        return _stranded(self.rank, returned, f"it failed with {type(exc).__name__}")
+
+    def _give_up(self, returned: list[int], frame: FrameType) -> None:
+        where = (f"it has waited in {frame.f_code.co_name} "
+                 f"({os.path.basename(frame.f_code.co_filename)}) for {GRACE_S:.0f}s")
+        error = _stranded(self.rank, returned, where)
+        report_failure(error)
+        print(f"interlock: {error}", file=sys.stderr, flush=True)
+        # the main thread is blocked in C++ and cannot be interrupted: end the process
+        os._exit(STRANDED_EXIT_CODE)
+
+
+def _stranded(rank: int, returned: list[int], what: str) -> UnevenCollectivesError:
+    names = ", ".join(map(str, returned))
+    many = len(returned) > 1
+    return UnevenCollectivesError(
+        f"rank {rank} was left in a collective that rank{'s' if many else ''} {names} "
+        f"will never join ({what}): {'they' if many else 'it'} already returned from "
+        "the training function. The ranks ran different numbers of steps or "
+        "collectives, usually because their data had different lengths: give every "
+        "rank the same number of batches (strategy.setup_dataloader does), or make "
+        "every rank run the same collectives."
+    )
