@@ -222,7 +222,7 @@ def odd_strategy() -> Iterator[interlock.StrategySpec]:
         name="compat_test_markup",
         factory="compat_test_pkg.strategy:Markup",
         description='<b>bold</b> & "quoted"',
-        family="test",
+        family="other",
         accelerators=frozenset(("cpu",)),
         precisions=frozenset(("32-true",)),
         launcher="subprocess",
@@ -332,7 +332,7 @@ def test_doctor_tells_planned_from_runnable() -> None:
     assert re.search(r"yes fsdp\s+1 x cpu", strategies), strategies
     spec = StrategySpec(
         name="unimportable_probe", factory="interlock_nonexistent.module:Strategy",
-        description="probe", family="probe", accelerators=frozenset({"cpu"}),
+        description="probe", family="other", accelerators=frozenset({"cpu"}),
         precisions=frozenset({"32-true"}), launcher="fork",
     )
     interlock.register_strategy(spec)

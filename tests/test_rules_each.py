@@ -6,6 +6,7 @@ rule cannot land untested.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -75,6 +76,8 @@ EXAMPLES: dict[str, tuple[Flags, Machine, str | None]] = {
     "flags/strategy-auto": ({"strategy": "Auto"}, CPU, None),
     "flags/strategy-name": ({"strategy": "DDP", "devices": 2}, CPU, None),
     "flags/strategy-withdrawn": ({"strategy": "dp"}, EIGHT_GPUS, "unknown-strategy"),
+    "flags/strategy-broken-entry-point": ({"strategy": "ilk_broken_example"}, CPU,
+                                          "broken-entry-point"),
     "flags/strategy-unknown": ({"strategy": "ddp_spwan"}, CPU, "unknown-strategy"),
     "flags/precision-name": ({"precision": "BF16-Mixed"}, CPU, None),
     "flags/precision-legacy": ({"precision": 16}, CPU, None),
@@ -176,8 +179,33 @@ def test_every_rule_has_an_example() -> None:
     assert not stale, f"EXAMPLES names rules that no longer exist: {stale}"
 
 
+@pytest.fixture
+def broken_entry_point() -> Iterator[None]:
+    """An installed entry point named ``ilk_broken_example`` whose module is missing."""
+    from importlib.metadata import EntryPoint
+
+    from interlock.connector import registry
+
+    ep = EntryPoint(name="ilk_broken_example", value="ilk_no_such_module:specs",
+                    group=registry.ENTRY_POINT_GROUP)
+    with pytest.warns(RuntimeWarning, match="ilk_no_such_module"):
+        status = registry._load_entry_point(ep)
+    before = registry.strategy_entry_points()
+    registry._entry_points = (*before, status)
+    registry._version += 1
+    yield
+    registry._entry_points = before
+    registry._version += 1
+
+
+#: rules whose example needs more than flags and a machine: rule id -> fixture
+SETUPS = {"flags/strategy-broken-entry-point": "broken_entry_point"}
+
+
 @pytest.mark.parametrize("rule_id", sorted(EXAMPLES))
-def test_rule_example(rule_id: str) -> None:
+def test_rule_example(rule_id: str, request: pytest.FixtureRequest) -> None:
+    if rule_id in SETUPS:
+        request.getfixturevalue(SETUPS[rule_id])
     flags, machine, code = EXAMPLES[rule_id]
     if code is None:
         result = plan(machine=machine, **flags)

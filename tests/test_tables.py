@@ -8,7 +8,7 @@ from typing import Any
 
 from interlock.connector.builtin import BUILTIN_STRATEGIES
 from interlock.connector.docs import RULES_PATH, render_rules_markdown
-from interlock.connector.errors import ERROR_CODES
+from interlock.connector.errors import BUILD_ERROR_CODES, ERROR_CODES
 from interlock.connector.planner import STAGES
 from interlock.connector.rules import always
 from interlock.connector.specs import spec_problems
@@ -110,7 +110,10 @@ def test_every_error_code_is_raised_by_some_rule() -> None:
     refused = {rule.refuses for stage in STAGES for d in stage.decisions for rule in d.rules}
     refused.discard(None)
     assert refused <= set(ERROR_CODES), refused - set(ERROR_CODES)
-    assert set(ERROR_CODES) <= refused, f"codes no rule raises: {set(ERROR_CODES) - refused}"
+    by_rules = set(ERROR_CODES) - BUILD_ERROR_CODES
+    assert by_rules <= refused, f"codes no rule raises: {by_rules - refused}"
+    assert not BUILD_ERROR_CODES & refused, "a build-time code is raised by a rule of plan()"
+    assert BUILD_ERROR_CODES <= set(ERROR_CODES)
 
 
 def test_codes_are_kebab_case() -> None:

@@ -12,7 +12,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from interlock.conformance.checks import ANY_PRECISION, CHECKS
-from interlock.connector.registry import strategy_specs
+from interlock.connector.registry import (
+    EntryPointStatus,
+    broken_entry_points,
+    strategy_specs,
+)
 from interlock.connector.specs import StrategySpec
 from interlock.connector.tables import ACCELERATOR_ROWS
 
@@ -66,21 +70,33 @@ def available_runners() -> list[str]:
 
 def resolve_strategies(names: Iterable[str]) -> list[StrategySpec]:
     """Specs for the names asked for; ``all`` means every registered strategy that is
-    not a preset of another.
+    not a preset of another. A name that a broken entry point stands for is left to
+    `broken_entry_points_asked`.
 
     Raises:
         ValueError: naming an unknown strategy and the known ones.
     """
     specs = strategy_specs()
+    broken = {n for ep in broken_entry_points() for n in ep.strategies}
     chosen: list[StrategySpec] = []
     for name in names:
         if name == "all":
             chosen += [s for s in specs.values() if s.variant_of is None]
         elif name in specs:
             chosen.append(specs[name])
-        else:
+        elif name not in broken:
             raise ValueError(f"unknown strategy {name!r}; registered: {', '.join(specs)}")
     return list(dict.fromkeys(chosen))
+
+
+def broken_entry_points_asked(names: Iterable[str]) -> list[EntryPointStatus]:
+    """The broken entry points the names ask for: every one for ``all``, else those
+    that stand for a name asked for (and not registered by someone else). Each is a
+    failed ``declaration`` case named after the entry point."""
+    specs = strategy_specs()
+    wanted = set(names)
+    return [ep for ep in broken_entry_points()
+            if "all" in wanted or any(n in wanted and n not in specs for n in ep.strategies)]
 
 
 def precisions_for(spec: StrategySpec, runner: str,

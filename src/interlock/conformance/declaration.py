@@ -11,8 +11,8 @@ from interlock.conformance.cases import RUNNERS
 from interlock.conformance.checks import CheckFailed
 from interlock.connector.errors import ResolutionError
 from interlock.connector.machine import OPTIONAL_PACKAGES, Machine
-from interlock.connector.planner import load_factory, plan
-from interlock.connector.registry import strategy_specs
+from interlock.connector.planner import check_options, load_factory, plan
+from interlock.connector.registry import broken_entry_points, strategy_specs
 from interlock.connector.specs import spec_problems
 from interlock.connector.tables import ACCELERATOR_ROWS, PRECISION_NAMES
 
@@ -90,7 +90,14 @@ def _typed(strategy: Any) -> list[str]:
 
 def check_declaration(name: str, runner: str) -> None:
     """Raises CheckFailed listing every problem found."""
-    spec = strategy_specs()[name]
+    specs = strategy_specs()
+    if name not in specs:
+        broken = [ep for ep in broken_entry_points() if name in ep.strategies]
+        if broken:
+            raise CheckFailed("; ".join(f"the {ep.describe()} failed to load, so none of "
+                                        f"its strategies can run: {ep.error}"
+                                        for ep in broken))
+    spec = specs[name]
     problems = list(spec_problems(spec))
     try:
         factory = load_factory(spec)
@@ -98,6 +105,10 @@ def check_declaration(name: str, runner: str) -> None:
         raise CheckFailed(f"the factory {spec.factory} cannot be imported: {error}") from None
     if isinstance(factory, type):
         problems += api_problems(factory)
+    try:
+        check_options(spec, factory)
+    except ResolutionError as error:
+        problems.append(str(error))
     accelerator = RUNNERS[runner]
     machine = runner_machine(runner, spec.requires)
     devices = 1 if spec.max_devices == 1 else 2

@@ -12,9 +12,11 @@ from interlock.conformance.cases import (
     RUNNERS,
     Case,
     available_runners,
+    broken_entry_points_asked,
     cases_for,
     resolve_strategies,
 )
+from interlock.conformance.checks import ANY_PRECISION
 from interlock.conformance.declaration import check_declaration
 from interlock.conformance.plugin import suite_state
 
@@ -39,8 +41,11 @@ def _cases(config: pytest.Config) -> list[Case]:
         specs = resolve_strategies(names)
     except ValueError as error:
         raise pytest.UsageError(str(error)) from None
-    return [case for spec in specs for r in runners
-            for case in cases_for(spec, r, sizes, only.split(",") if only else None)]
+    # an entry point that failed to load fails its declaration on every runner
+    broken = [Case(ep.name, r, None, ANY_PRECISION, "declaration")
+              for ep in broken_entry_points_asked(names) for r in runners]
+    return broken + [case for spec in specs for r in runners
+                     for case in cases_for(spec, r, sizes, only.split(",") if only else None)]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

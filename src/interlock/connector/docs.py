@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from interlock.connector.builtin import BUILTIN_STRATEGIES
-from interlock.connector.errors import ERROR_CODES
+from interlock.connector.errors import BUILD_ERROR_CODES, ERROR_CODES
 from interlock.connector.planner import STAGES
 from interlock.connector.tables import (
     ACCELERATOR_ALIASES,
@@ -163,7 +163,11 @@ def render_rules_markdown() -> str:
         )
     )
     out += ["", "### Error codes", ""]
-    out.append(_table(("code", "meaning"), ((f"`{c}`", m) for c, m in ERROR_CODES.items())))
+    out.append(_table(
+        ("code", "raised by", "meaning"),
+        ((f"`{c}`", "`Plan.build()`" if c in BUILD_ERROR_CODES else "a rule of `plan()`", m)
+         for c, m in ERROR_CODES.items()),
+    ))
     out.append("")
     return "\n".join(out)
 

@@ -15,6 +15,10 @@ ERROR_CODES: Mapping[str, str] = MappingProxyType(
     {
         "unknown-accelerator": "the accelerator name is not one the engine knows",
         "unknown-strategy": "no strategy is registered under that name",
+        "broken-entry-point": "the name belongs to a third-party `interlock.strategies` "
+        "entry point that failed to load; the error names the entry point and says why",
+        "unknown-option": "a strategy's options name a keyword its factory does not take "
+        "(checked when the plan is built, where the factory is imported)",
         "unknown-precision": "the precision is neither a canonical name nor a legacy alias",
         "invalid-devices": "the devices value cannot be parsed, or does not fit the "
         "accelerator or strategy",
@@ -38,6 +42,11 @@ ERROR_CODES: Mapping[str, str] = MappingProxyType(
         "be read",
     }
 )
+
+#: Codes raised when a plan is built (`Plan.build`, `interlock.resolve`), where the
+#: strategy's factory is imported, rather than by a rule of the pure `plan()`. Still
+#: raised before any process starts.
+BUILD_ERROR_CODES: frozenset[str] = frozenset({"unknown-option"})
 
 #: The flags a refusal can name. "environment" means the machine's environment
 #: variables rather than an argument.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from interlock.connector.errors import did_you_mean
+from interlock.connector.registry import EntryPointStatus
 from interlock.connector.rules import (
     Context,
     Decision,
@@ -152,12 +153,39 @@ def _refuse_withdrawn(ctx: Context) -> str:
     )
 
 
+def _broken_entry_point(ctx: Context) -> EntryPointStatus | None:
+    name = _norm(ctx.strategy_flag)
+    return next((ep for ep in ctx.broken_entry_points if name in ep.strategies), None)
+
+
+def _registered_names(ctx: Context) -> tuple[str, ...]:
+    return tuple(sorted(n for n, s in ctx.specs.items() if s.variant_of is None))
+
+
+def _refuse_broken_entry_point(ctx: Context) -> str:
+    ep = _broken_entry_point(ctx)
+    refuse(
+        "broken-entry-point",
+        flag="strategy",
+        value=ctx.strategy_flag,
+        reason=f"this name belongs to the {ep.describe() if ep else 'entry point'}, which "
+        f"failed to load ({ep.error if ep else '?'}); fix or uninstall that package (the "
+        "other strategies are unaffected).",
+        choices=("auto", *_registered_names(ctx)),
+    )
+
+
 def _refuse_strategy(ctx: Context) -> str:
     value = ctx.strategy_flag
-    names = ("auto", *sorted(n for n, s in ctx.specs.items() if s.variant_of is None))
+    names = ("auto", *_registered_names(ctx))
     kind = "no strategy is registered under this name" if isinstance(value, str) else (
         f"must be a strategy name, got {type(value).__name__}"
     )
+    if isinstance(value, str) and ctx.broken_entry_points:
+        kind += " (" + "; ".join(
+            f"the {ep.describe()} failed to load and may be the one that provides it"
+            for ep in ctx.broken_entry_points
+        ) + ")"
     refuse(
         "unknown-strategy",
         flag="strategy",
@@ -227,6 +255,15 @@ STRATEGY_FLAG = Decision(
             when=lambda c: _norm(c.strategy_flag) in WITHDRAWN_ROWS,
             then=_refuse_withdrawn,
             refuses="unknown-strategy",
+        ),
+        Rule(
+            id="flags/strategy-broken-entry-point",
+            doc="A name that a third-party entry point stands for (the entry point's own "
+            "name, or a spec name it returned) when that entry point failed to load: "
+            "refused with the entry point's error; every other name still resolves.",
+            when=lambda c: _broken_entry_point(c) is not None,
+            then=_refuse_broken_entry_point,
+            refuses="broken-entry-point",
         ),
         Rule(
             id="flags/strategy-unknown",

@@ -7,11 +7,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeAlias
 
-from interlock.connector.errors import ResolutionError
+from interlock.connector.errors import ResolutionError, did_you_mean
 from interlock.connector.flag_rules import FLAGS_STAGE, plugin_kind
 from interlock.connector.machine import Machine
 from interlock.connector.machine_rules import ACCELERATOR_STAGE, CLUSTER_STAGE, DEVICES_STAGE
-from interlock.connector.registry import registry_version, strategy_specs
+from interlock.connector.registry import (
+    broken_entry_points,
+    registry_version,
+    strategy_specs,
+)
 from interlock.connector.rules import Context, Stage, run_stages
 from interlock.connector.specs import StrategySpec
 from interlock.connector.strategy_rules import PLUGINS_STAGE, PRECISION_STAGE, STRATEGY_STAGE
@@ -110,6 +114,10 @@ class Plan:
         A strategy instance given to `plan()` is completed with the parts it was not
         given. Otherwise the factory named by the strategy's row is a Strategy class
         with a ``from_plan(plan)`` classmethod, or any callable taking the plan.
+
+        Raises:
+            ResolutionError: ``unknown-option`` when the row's options name a keyword
+                the factory class does not take (see `check_options`).
         """
         from interlock.strategies.base import Strategy as StrategyBase
 
@@ -123,6 +131,7 @@ class Plan:
             self.strategy_instance.complete(self)
             return self.strategy_instance
         factory = load_factory(self.spec)
+        check_options(self.spec, factory)
         builder = getattr(factory, "from_plan", None)
         strategy = builder(self) if builder is not None else factory(self)
         if not isinstance(strategy, StrategyBase):
@@ -199,6 +208,57 @@ def load_factory(spec: StrategySpec) -> Any:
             f"imported: {exc}" + (f" (install: {hints})" if hints else "")
         ) from exc
     return target
+
+
+#: constructor parameters a strategy's parts arrive through: the plan provides them,
+#: so a spec's options may not
+PLAN_PROVIDED: frozenset[str] = frozenset({
+    "accelerator", "parallel_devices", "num_nodes", "precision", "checkpoint_io",
+    "cluster_environment",
+})
+
+
+def check_options(spec: StrategySpec, factory: object) -> None:
+    """Refuse option keys the factory class's constructor does not take.
+
+    A factory class receives ``spec.options`` as keyword arguments (its ``from_plan``
+    passes them on), so every key must be a keyword parameter of the class, other than
+    the parts the plan provides. A constructor with ``**kwargs`` checks its own extras
+    (`DDPStrategy` checks them against DistributedDataParallel's signature). A factory
+    that is a plain function reads ``plan.spec.options`` itself and is not checked.
+
+    Raises:
+        ResolutionError: ``unknown-option``, naming the strategy, the key and the
+            closest accepted one.
+    """
+    if not spec.options or not isinstance(factory, type):
+        return
+    import inspect
+
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # a signature Python cannot read: nothing to check
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        accepted = None
+    else:
+        accepted = [p.name for p in params
+                    if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                    and p.name not in PLAN_PROVIDED]
+    for key in spec.options:
+        if key in PLAN_PROVIDED:
+            why = "is a part the plan provides (set it with a flag or a plugin instead)"
+        elif accepted is not None and key not in accepted:
+            why = f"is not a parameter of {factory.__name__}"
+        else:
+            continue
+        raise ResolutionError(
+            "unknown-option", flag="strategy", value=spec.name,
+            reason=f"the strategy's options give {spec.factory} the keyword {key!r}, "
+            f"which {why}.",
+            choices=sorted(accepted or ()),
+            suggestion=did_you_mean(key, accepted or ()),
+        )
 
 
 def resolve(
@@ -297,6 +357,7 @@ def plan(
         precision_flag=precision,
         num_nodes_flag=num_nodes,
         plugins_flag=plugins,
+        broken_entry_points=broken_entry_points(),
     )
     run_stages(STAGES, ctx)
     spec = ctx.chosen_spec

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from interlock.connector.builtin import BUILTIN_STRATEGIES
 from interlock.connector.specs import StrategySpec, spec_problems
 from interlock.connector.tables import WITHDRAWN_ROWS
 
-#: Entry point group third-party packages use to register a StrategySpec (or a
-#: callable returning one or several).
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
+
+#: Entry point group third-party packages use to register strategies. The entry
+#: point's object is a StrategySpec, a list or tuple of them, or a callable taking no
+#: arguments that returns either.
 ENTRY_POINT_GROUP = "interlock.strategies"
 
 
@@ -19,10 +26,41 @@ class RegistrationError(ValueError):
     """A strategy spec that cannot be registered, and why."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EntryPointStatus:
+    """What became of one ``interlock.strategies`` entry point.
+
+    Attributes:
+        name: the entry point's name.
+        value: what it points at, ``"module:attribute"``.
+        distribution: the installed package that declares it, when known.
+        strategies: the strategy names it registered; for a broken entry point, the
+            names it is known to stand for (its own name, and the names of the specs it
+            returned before registration failed).
+        error: why it failed to load, or None when it loaded.
+    """
+
+    name: str
+    value: str
+    distribution: str | None
+    strategies: tuple[str, ...]
+    error: str | None = None
+
+    @property
+    def broken(self) -> bool:
+        return self.error is not None
+
+    def describe(self) -> str:
+        """``entry point 'name' (module:attribute) of package``, for messages."""
+        where = f" of {self.distribution}" if self.distribution else ""
+        return f"entry point {self.name!r} ({self.value}){where}"
+
+
 _specs: dict[str, StrategySpec] = {spec.name: spec for spec in BUILTIN_STRATEGIES}
 _view: Mapping[str, StrategySpec] = MappingProxyType(_specs)
 _lock = threading.Lock()
 _entry_points_loaded = False
+_entry_points: tuple[EntryPointStatus, ...] = ()
 _version = 0
 
 
@@ -46,27 +84,29 @@ def register_strategy(spec: StrategySpec, *, source: str = "register_strategy()"
 
 def _register(spec: object, source: str) -> None:
     global _version
-    problems = spec_problems(spec)
-    if problems or not isinstance(spec, StrategySpec):
-        name = getattr(spec, "name", "?")
-        raise RegistrationError(
-            f"cannot register strategy {name!r} from {source}: " + "; ".join(problems)
-        )
     with _lock:
-        if spec.name in WITHDRAWN_ROWS:
-            raise RegistrationError(
-                f"cannot register strategy {spec.name!r} from {source}: the name is "
-                "withdrawn on purpose; choose another"
-            )
-        existing = _specs.get(spec.name)
-        if existing is not None and existing != spec:
-            raise RegistrationError(
-                f"cannot register strategy {spec.name!r} from {source}: the name is "
-                f"already taken by {existing.factory}"
-            )
-        if existing is None:
+        problem = _refusal(spec, source, _specs)
+        if problem is not None or not isinstance(spec, StrategySpec):
+            raise RegistrationError(problem)
+        if spec.name not in _specs:
             _specs[spec.name] = spec
             _version += 1
+
+
+def _refusal(spec: object, source: str, taken: Mapping[str, StrategySpec]) -> str | None:
+    """Why ``spec`` cannot be registered next to the specs in ``taken``, or None."""
+    problems = spec_problems(spec)
+    name = getattr(spec, "name", "?")
+    if problems or not isinstance(spec, StrategySpec):
+        return f"cannot register strategy {name!r} from {source}: " + "; ".join(problems)
+    if spec.name in WITHDRAWN_ROWS:
+        return (f"cannot register strategy {spec.name!r} from {source}: the name is "
+                "withdrawn on purpose; choose another")
+    existing = taken.get(spec.name)
+    if existing is not None and existing != spec:
+        return (f"cannot register strategy {spec.name!r} from {source}: the name is "
+                f"already taken by {existing.factory}")
+    return None
 
 
 def unregister_strategy(name: str) -> None:
@@ -80,26 +120,80 @@ def unregister_strategy(name: str) -> None:
 
 
 def strategy_specs() -> Mapping[str, StrategySpec]:
-    """A read-only view of every known strategy, entry points included."""
+    """A read-only view of every known strategy, entry points included (a broken
+    entry point contributes nothing; see `strategy_entry_points`)."""
     if not _entry_points_loaded:
         _load_entry_points()
     return _view
 
 
+def strategy_entry_points() -> tuple[EntryPointStatus, ...]:
+    """Every ``interlock.strategies`` entry point found, loaded or broken."""
+    if not _entry_points_loaded:
+        _load_entry_points()
+    return _entry_points
+
+
+def broken_entry_points() -> tuple[EntryPointStatus, ...]:
+    """The entry points that failed to load (their strategies are unavailable)."""
+    return tuple(ep for ep in strategy_entry_points() if ep.broken)
+
+
 def _load_entry_points() -> None:
-    # A broken plugin raises on every call until it is fixed or uninstalled, so
-    # that it is never silently missing from plans.
-    global _entry_points_loaded
+    # A broken plugin is contained, not hidden: its entry point is recorded with the
+    # error, a warning is emitted once, and plan() refuses the names it stands for with
+    # that error (`broken-entry-point`); every other strategy still resolves.
+    global _entry_points_loaded, _entry_points, _version
     from importlib.metadata import entry_points
 
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        source = f"entry point {ep.name!r} ({ep.value})"
-        try:
-            loaded = ep.load()
-            found = loaded() if callable(loaded) else loaded
-        except Exception as exc:
-            raise RegistrationError(f"cannot load {source}: {exc!r}") from exc
-        specs = found if isinstance(found, (list, tuple)) else (found,)
-        for spec in specs:
-            _register(spec, source)
-    _entry_points_loaded = True
+    found = tuple(_load_entry_point(ep) for ep in entry_points(group=ENTRY_POINT_GROUP))
+    with _lock:
+        _entry_points = found
+        _entry_points_loaded = True
+        _version += 1
+
+
+def _load_entry_point(ep: EntryPoint) -> EntryPointStatus:
+    """Load one entry point and register its specs, all or none.
+
+    Never raises for the plugin's faults: a failure to import it, an exception from
+    its callable, a malformed spec or a name clash comes back as a broken status, and
+    is warned about (once: entry points are loaded once per process).
+    """
+    global _version
+    dist = getattr(ep, "dist", None)
+    distribution = getattr(dist, "name", None)
+    source = EntryPointStatus(name=ep.name, value=ep.value, distribution=distribution,
+                              strategies=()).describe()
+    names: list[str] = []
+    try:
+        loaded = ep.load()
+        result = loaded() if callable(loaded) else loaded
+        found = list(result) if isinstance(result, (list, tuple)) else [result]
+        names = [n for n in (getattr(s, "name", None) for s in found) if isinstance(n, str)]
+        with _lock:
+            taken = dict(_specs)
+            problems: list[str] = []
+            for spec in found:
+                problem = _refusal(spec, source, taken)
+                if problem is not None or not isinstance(spec, StrategySpec):
+                    problems.append(problem or f"{spec!r} is not a StrategySpec")
+                    continue
+                taken.setdefault(spec.name, spec)
+            if problems:
+                raise RegistrationError("; ".join(problems))
+            added = {n: s for n, s in taken.items() if n not in _specs}
+            _specs.update(added)
+            _version += bool(added)
+    except Exception as exc:
+        error = str(exc) if isinstance(exc, RegistrationError) else repr(exc)
+        warnings.warn(
+            f"interlock: {source} failed to load, so the strategies it provides are "
+            f"unavailable (other strategies are not affected): {error}",
+            RuntimeWarning, stacklevel=2,
+        )
+        return EntryPointStatus(name=ep.name, value=ep.value, distribution=distribution,
+                                strategies=tuple(dict.fromkeys((ep.name, *names))),
+                                error=error)
+    return EntryPointStatus(name=ep.name, value=ep.value, distribution=distribution,
+                            strategies=tuple(names))

@@ -14,6 +14,7 @@ from typing import Literal, NoReturn
 
 from interlock.connector.errors import ResolutionError
 from interlock.connector.machine import Machine
+from interlock.connector.registry import EntryPointStatus
 from interlock.connector.specs import StrategySpec
 from interlock.connector.tables import ClusterRow
 from interlock.connector.trace import TraceStep
@@ -66,6 +67,8 @@ class Context:
     precision_flag: object
     num_nodes_flag: object
     plugins_flag: object
+    #: entry points that failed to load; plan() refuses the names they stand for
+    broken_entry_points: tuple[EntryPointStatus, ...] = ()
     # flags stage
     accelerator_input: str = ""
     accelerator_instance: object | None = None

@@ -20,10 +20,21 @@ from interlock.connector.tables import (
 CAPABILITIES: dict[str, str] = {
     "accumulation": "no_backward_sync skips gradient synchronisation, and gradients "
     "accumulated under it equal the large batch's",
+    "clipping": "clip_gradients_norm and clip_gradients_value clip exactly the gradients "
+    "of the optimizer given (unscaled first), so a model with one optimizer per "
+    "submodule clips each on its own",
     "resharding": "a checkpoint saved at one world size loads at another",
     "timeout": "the strategy has a process-group `timeout` after which a rank that never "
     "reaches a collective becomes an error",
 }
+
+#: the family a third-party strategy declares when it belongs to none of the built-in
+#: families (see `strategy_families`)
+OTHER_FAMILY = "other"
+
+#: the most steps a spec may ask the parity checks to take (each step costs the suite
+#: time in every rank, for every precision)
+MAX_PARITY_STEPS = 50
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -38,7 +49,8 @@ class StrategySpec:
         factory: ``"package.module:attribute"`` of the strategy class or factory,
             imported only when a plan is built.
         description: one line for the docs and error messages.
-        family: group shown in the docs (``"ddp"``, ``"fsdp"``, ...).
+        family: group shown in the docs: a built-in row's family (``"ddp"``,
+            ``"fsdp"``, ...) or ``"other"``; `strategy_families` lists them.
         accelerators: accelerators it runs on.
         precisions: precisions it supports (further narrowed by the accelerator).
         launcher: launcher name from the launcher table, or None when it runs in
@@ -46,7 +58,9 @@ class StrategySpec:
         multi_node: whether it can span several nodes.
         max_devices: devices per node at most, if limited.
         requires: optional packages it needs.
-        options: keyword arguments the factory receives.
+        options: keyword arguments the factory receives; keys the factory's
+            constructor does not take are refused when the plan is built
+            (``unknown-option``).
         substitutes: per accelerator it does not support, the strategy to use instead.
         capabilities: free-form capability tags read by the conformance suite.
         variant_of: the strategy this one is a preset of; variants are left out of
@@ -57,6 +71,10 @@ class StrategySpec:
         parity_tolerance: ``(rtol, atol)`` the conformance suite allows in training
             parity beyond the precision's own, for strategies that change numerics on
             purpose (gradient compression); None for exact strategies.
+        parity_steps: optimizer steps the conformance suite's parity checks take, for
+            strategies whose numerics change only after a warm-up (PowerSGD's
+            ``start_powerSGD_iter``); None keeps the suite's defaults (3 steps for
+            training parity, 2 for accumulation parity).
     """
 
     name: str
@@ -75,6 +93,7 @@ class StrategySpec:
     variant_of: str | None = None
     precision_plugin: str | None = None
     parity_tolerance: tuple[float, float] | None = None
+    parity_steps: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "accelerators", frozenset(self.accelerators))
@@ -104,6 +123,15 @@ def _rebuild_spec(fields: dict[str, object]) -> StrategySpec:
     return StrategySpec(**fields)  # type: ignore[arg-type]
 
 
+def strategy_families() -> tuple[str, ...]:
+    """The values ``StrategySpec.family`` may take: the built-in rows' families, in
+    table order, then ``"other"`` for a strategy that belongs to none of them."""
+    # imported here: the built-in rows are StrategySpecs themselves
+    from interlock.connector.builtin import BUILTIN_STRATEGIES
+
+    return (*dict.fromkeys(s.family for s in BUILTIN_STRATEGIES), OTHER_FAMILY)
+
+
 def spec_problems(spec: object) -> list[str]:
     """Everything wrong with a would-be spec, as sentences; empty when it is valid."""
     if not isinstance(spec, StrategySpec):
@@ -120,8 +148,12 @@ def spec_problems(spec: object) -> list[str]:
         problems.append(f"factory {spec.factory!r} must look like 'package.module:attribute'")
     if not isinstance(spec.description, str) or not spec.description.strip():
         problems.append("description must be a non-empty string")
-    if not isinstance(spec.family, str) or not spec.family:
-        problems.append("family must be a non-empty string")
+    families = strategy_families()
+    if spec.family not in families:
+        problems.append(
+            f"family {spec.family!r} is unknown; known: {', '.join(families)} "
+            f"('{OTHER_FAMILY}' for a strategy that belongs to none of the others)"
+        )
     if not spec.accelerators:
         problems.append("accelerators must name at least one accelerator")
     unknown = sorted(a for a in spec.accelerators if a not in ACCELERATOR_ROWS)
@@ -166,6 +198,13 @@ def spec_problems(spec: object) -> list[str]:
                 for t in spec.parity_tolerance)
     ):
         problems.append("parity_tolerance must be None or (rtol, atol), each in [0, 1)")
+    if spec.parity_steps is not None and (
+        not isinstance(spec.parity_steps, int) or isinstance(spec.parity_steps, bool)
+        or not 1 <= spec.parity_steps <= MAX_PARITY_STEPS
+    ):
+        problems.append(
+            f"parity_steps must be None or an int from 1 to {MAX_PARITY_STEPS}"
+        )
     unknown = sorted(c for c in spec.capabilities if c not in CAPABILITIES)
     if unknown:
         problems.append(

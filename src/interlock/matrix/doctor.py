@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from interlock.connector.errors import ResolutionError
 from interlock.connector.machine import Machine
 from interlock.connector.planner import DevicesFlag, Plan, plan
-from interlock.connector.registry import strategy_specs
+from interlock.connector.registry import strategy_entry_points, strategy_specs
 from interlock.connector.specs import StrategySpec
 from interlock.connector.tables import (
     ACCELERATOR_NAMES,
@@ -111,13 +111,29 @@ def _runtime_missing(spec: StrategySpec) -> str | None:
     return None
 
 
+def entry_point_lines() -> list[str]:
+    """One line per installed strategy entry point: what it registered, or why it
+    failed to load (its strategies are then refused with that error)."""
+    found = strategy_entry_points()
+    if not found:
+        return ["  none installed"]
+    lines = []
+    for ep in found:
+        if ep.error is None:
+            lines.append(f"  {OK} {ep.describe()}: {', '.join(ep.strategies) or 'no strategies'}")
+        else:
+            lines.append(f"  {NO} {ep.describe()} failed to load: {ep.error}")
+    return lines
+
+
 def doctor_report(machine: Machine | None = None) -> str:
     """A readable report of what ``machine`` (default: this one, probed) can run.
 
     Lists the machine's facts, each accelerator and whether it is usable, for each
     usable accelerator the strategies that resolve (and why the others do not) and the
-    precisions of the single-device and ddp strategies, then the conformance runners
-    this machine can host.
+    precisions of the single-device and ddp strategies, the third-party strategy entry
+    points (a broken one with its error), then the conformance runners this machine can
+    host.
     """
     if machine is None:
         machine = Machine.probe()
@@ -148,6 +164,8 @@ def doctor_report(machine: Machine | None = None) -> str:
                 out.append(f"  {NO} {spec.name:<{width}}  {_refusal(tried)}")
         out += ["", f"Precisions on {accelerator}:"]
         out += _precision_lines(machine, accelerator, specs)
+    out += ["", "Strategy entry points (interlock.strategies):"]
+    out += entry_point_lines()
     out += ["", "Conformance runners:"]
     for runner, why_not in runners(machine).items():
         if why_not is None:

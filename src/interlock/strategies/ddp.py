@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-from collections.abc import Iterator, Sequence
+import inspect
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -12,6 +13,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from interlock.connector.builtin import BUILTIN_STRATEGIES
+from interlock.connector.errors import ResolutionError, did_you_mean
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.environments import ClusterEnvironment
 from interlock.strategies.io import CheckpointIO
@@ -36,6 +38,32 @@ _LAUNCHER_OF = {
     for s in BUILTIN_STRATEGIES if s.family == "ddp" and s.launcher is not None
 }
 
+#: DistributedDataParallel parameters the strategy sets itself
+_DDP_OWN = ("self", "module", "device_ids")
+
+
+def ddp_parameters() -> tuple[str, ...]:
+    """The keyword parameters of torch's DistributedDataParallel that a DDPStrategy
+    passes through from its constructor (``**ddp_kwargs``)."""
+    return tuple(n for n in inspect.signature(DistributedDataParallel.__init__).parameters
+                 if n not in _DDP_OWN)
+
+
+def _refuse_unknown_ddp_kwargs(keys: Iterable[str], strategy: str) -> None:
+    accepted = ddp_parameters()
+    for key in keys:
+        if key in accepted:
+            continue
+        why = ("is set by the strategy from its root device" if key in _DDP_OWN else
+               f"is not a parameter of torch's DistributedDataParallel (torch "
+               f"{torch.__version__})")
+        raise ResolutionError(
+            "unknown-option", flag="strategy", value=strategy,
+            reason=f"DDPStrategy passes keyword options it does not know itself on to "
+            f"DistributedDataParallel, and {key!r} {why}.",
+            choices=accepted, suggestion=did_you_mean(key, accepted),
+        )
+
 
 class DDPStrategy(ParallelStrategy):
     """Data parallel: a full replica per process, gradients averaged in backward.
@@ -47,6 +75,19 @@ class DDPStrategy(ParallelStrategy):
             ``DistributedDataParallel``.
         backend: process-group backend; gloo on cpu and nccl on cuda by default.
         timeout: how long a collective waits for a missing rank before failing.
+        **ddp_kwargs: further ``DistributedDataParallel`` keyword arguments
+            (``bucket_cap_mb``, ``broadcast_buffers``, ...).
+
+    Attributes:
+        ddp_kwargs: every keyword argument ``DistributedDataParallel`` receives (the
+            three above included); a subclass may change it in its constructor.
+
+    Raises:
+        ResolutionError: ``unknown-option`` for a keyword DistributedDataParallel
+            does not take (with the closest one it does).
+
+    Subclasses customise the wrapped module by overriding :meth:`configure_ddp` (a
+    communication hook, for instance) rather than :meth:`wrap_module`.
     """
 
     registry_name: ClassVar[str] = "ddp"
@@ -72,6 +113,9 @@ class DDPStrategy(ParallelStrategy):
             raise ValueError(
                 f"start_method {start_method!r} is unknown; choose {', '.join(DDP_NAMES)}"
             )
+        name = self.registry_name if type(self) is not DDPStrategy else (
+            DDP_NAMES[start_method])
+        _refuse_unknown_ddp_kwargs(ddp_kwargs, name)
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -89,6 +133,8 @@ class DDPStrategy(ParallelStrategy):
     @classmethod
     def from_plan(cls, plan: Plan) -> DDPStrategy:
         options: dict[str, Any] = dict(plan.spec.options)
+        own = inspect.signature(cls).parameters
+        _refuse_unknown_ddp_kwargs((k for k in options if k not in own), plan.strategy)
         strategy = cls(**options)
         strategy.complete(plan)
         return strategy
@@ -104,8 +150,21 @@ class DDPStrategy(ParallelStrategy):
         return planned or _LAUNCHER_OF[self.start_method]
 
     def wrap_module(self, module: nn.Module) -> nn.Module:
+        """Wrap in ``DistributedDataParallel(module, **ddp_kwargs)``, then let
+        :meth:`configure_ddp` configure it."""
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
-        return DistributedDataParallel(module, device_ids=device_ids, **self.ddp_kwargs)
+        ddp_module = DistributedDataParallel(module, device_ids=device_ids, **self.ddp_kwargs)
+        self.configure_ddp(ddp_module)
+        return ddp_module
+
+    def configure_ddp(self, ddp_module: DistributedDataParallel) -> None:
+        """Extension point: configure each freshly wrapped module; does nothing here.
+
+        Called in every rank, once per :meth:`setup_module`, before the module's first
+        forward. Override it to register a communication hook
+        (``ddp_module.register_comm_hook(state, hook)``), creating any hook state here
+        so that each module gets its own. Every rank must configure alike.
+        """
 
     @contextlib.contextmanager
     def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> Iterator[None]:

@@ -20,7 +20,7 @@ def specs() -> list[StrategySpec]:
             precisions=frozenset({"32-true", "bf16-mixed", "16-mixed"}),
             launcher="subprocess",
             options={"start_method": "popen"},
-            capabilities=frozenset({"accumulation", "resharding", "timeout"}),
+            capabilities=frozenset({"accumulation", "clipping", "resharding", "timeout"}),
             # float16 keeps 11 significant bits: gradients are rounded to ~5e-4
             parity_tolerance=(5e-3, 5e-4),
         ),

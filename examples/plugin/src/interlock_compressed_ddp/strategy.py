@@ -6,10 +6,10 @@ cast back, so every rank applies the same averaged gradient, rounded to float16.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
 
 from interlock.strategies.ddp import DDPStrategy
 
@@ -19,8 +19,6 @@ class CompressedDDPStrategy(DDPStrategy):
 
     registry_name: ClassVar[str] = "ddp_fp16_compress"
 
-    def wrap_module(self, module: nn.Module) -> nn.Module:
-        ddp: Any = super().wrap_module(module)
-        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        wrapped: nn.Module = ddp
-        return wrapped
+    def configure_ddp(self, ddp_module: DistributedDataParallel) -> None:
+        # the fp16 hook keeps no state between steps: None stands for its state
+        ddp_module.register_comm_hook(None, default_hooks.fp16_compress_hook)

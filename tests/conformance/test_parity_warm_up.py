@@ -1,0 +1,67 @@
+"""Declared warm-up: a strategy that deviates only after step 3 passes the parity
+checks at their default step counts, and fails them once it declares ``parity_steps``
+beyond its warm-up (one pytest run of the suite, world size 2, 32-true)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+PARITY = {"training_parity", "accumulation_parity", "launch_arguments"}
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    """The suite's report records over both registrations, by strategy."""
+    workdir = tmp_path_factory.mktemp("warm-up")
+    report = workdir / "report.json"
+    args = [sys.executable, "-m", "pytest", "--pyargs", "interlock.conformance", "-q",
+            "-p", "no:cacheprovider", "-o", "addopts=", "--interlock-world-sizes", "2",
+            "--interlock-precisions", "32-true", "--interlock-runner", "cpu",
+            "--interlock-import", "warm_up_strategies", "--interlock-report", str(report),
+            "--interlock-strategy", "warm_up_undeclared",
+            "--interlock-strategy", "warm_up_declared"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run(args, cwd=workdir, env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert report.exists(), f"the suite wrote no report:\n{done.stdout[-4000:]}{done.stderr}"
+    by_strategy: dict[str, list[dict[str, Any]]] = {}
+    for record in json.loads(report.read_text())["records"]:
+        by_strategy.setdefault(record["strategy"], []).append(record)
+    return by_strategy
+
+
+def _outcomes(records: list[dict[str, Any]]) -> dict[str, str]:
+    return {r["check"]: r["status"] for r in records if r["check"] in PARITY}
+
+
+@pytest.mark.timeout(660)
+def test_without_a_declared_warm_up_the_deviation_goes_unseen(
+    records: dict[str, list[dict[str, Any]]],
+) -> None:
+    mine = records["warm_up_undeclared"]
+    failed = {r["check"]: r["message"][:300] for r in mine if r["status"] == "failed"}
+    assert not failed, f"the undeclared strategy failed {failed}"
+    assert _outcomes(mine) == dict.fromkeys(PARITY, "passed")
+
+
+@pytest.mark.timeout(660)
+def test_declared_parity_steps_make_the_parity_checks_catch_it(
+    records: dict[str, list[dict[str, Any]]],
+) -> None:
+    mine = records["warm_up_declared"]
+    failed = {r["check"] for r in mine if r["status"] == "failed"}
+    details = "\n".join(f"  {r['check']}: {r['message'][:300]}" for r in mine
+                        if r["status"] == "failed")
+    assert failed == PARITY, f"failed {sorted(failed)}, expected {sorted(PARITY)}\n{details}"
+    messages = {r["check"]: r["message"] for r in mine if r["check"] in PARITY}
+    assert "parameters after 5 steps on 2 ranks" in messages["training_parity"]
+    assert "parameters after 5 steps of 2 micro-batches" in messages["accumulation_parity"]
