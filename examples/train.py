@@ -90,7 +90,7 @@ def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def train(strategy: Strategy, args: argparse.Namespace) -> dict[str, Any]:
-    torch.manual_seed(args.seed)
+    interlock.seed_everything(args.seed)
     with strategy.module_init_context():
         model = build_model()
     model = strategy.setup_module(model)

@@ -14,7 +14,10 @@ from interlock.connector import (
     strategy_specs,
     unregister_strategy,
 )
+from interlock.seeding import seed_everything
+from interlock.strategies.rank_zero import rank_zero_logger
 
+#: The package version, ``major.minor.patch``.
 __version__ = "0.1.0"
 
 __all__ = [
@@ -27,8 +30,10 @@ __all__ = [
     "TraceStep",
     "__version__",
     "plan",
+    "rank_zero_logger",
     "register_strategy",
     "resolve",
+    "seed_everything",
     "strategy_specs",
     "unregister_strategy",
 ]
