@@ -1,4 +1,4 @@
-"""Development sessions: tests, typecheck, lint, docs, bench, cluster.
+"""Development sessions: tests, typecheck, lint, docs, apidocs, bench, cluster.
 
 The torch requirement comes from INTERLOCK_TORCH (default ``torch==2.13.0``, a CPU
 build on machines that carry it locally); set it to test against another release.
@@ -54,6 +54,18 @@ def docs(session: nox.Session) -> None:
     """Regenerate docs/rules.md from the engine's tables."""
     _install(session, "test")
     session.run("python", "-m", "interlock.connector.docs")
+
+
+@nox.session(python=PYTHON)
+def apidocs(session: nox.Session) -> None:
+    """The API reference (Sphinx autodoc over the docstrings) into docs/api/_build/html.
+
+    Built from scratch (-E) with every warning an error, so a docstring that does not
+    render fails it.
+    """
+    _install(session, "docs")
+    session.run("sphinx-build", "-E", "-W", "--keep-going", "-b", "html", "docs/api",
+                "docs/api/_build/html", *session.posargs)
 
 
 @nox.session(python=PYTHON)

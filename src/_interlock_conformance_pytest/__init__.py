@@ -12,6 +12,8 @@ from typing import Any
 
 
 def pytest_addoption(parser: Any) -> None:
+    """Add the suite's ``--interlock-*`` options (``pytest --help`` lists them): the
+    same choices as the ``interlock conformance`` command, which passes them on."""
     group = parser.getgroup("interlock", "interlock conformance suite")
     group.addoption("--interlock-strategy", action="append", default=[], metavar="NAME",
                     help="strategy to check (repeatable; 'all' for every registered one)")
@@ -31,6 +33,8 @@ def pytest_addoption(parser: Any) -> None:
 
 
 def pytest_configure(config: Any) -> None:
+    """Register the suite's hooks (:mod:`interlock.conformance.plugin`) when
+    ``--interlock-strategy`` is given; otherwise do nothing."""
     config.addinivalue_line("markers", "xdist_group(name): run these items on one worker")
     if not config.getoption("--interlock-strategy"):
         return

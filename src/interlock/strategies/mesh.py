@@ -1,11 +1,14 @@
 """`MeshDegrees`: how the world is split into data-parallel and tensor-parallel groups.
 
 Glossary:
-    world size: every rank of the job (devices per node x nodes).
-    data parallel (dp): groups that see different batches; gradients are reduced
-        (or sharded, with FSDP2) across them.
-    tensor parallel (tp): ranks that split each layer's weights between them and
-        see the same batch.
+
+world size
+    every rank of the job (devices per node x nodes).
+data parallel (dp)
+    groups that see different batches; gradients are reduced (or sharded, with
+    FSDP2) across them.
+tensor parallel (tp)
+    ranks that split each layer's weights between them and see the same batch.
 
 The ranks form a 2-D mesh of shape ``(dp, tp)``: tensor-parallel neighbours are the
 fastest-varying dimension, so they land on the same node, where the links are fast.
