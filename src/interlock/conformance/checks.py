@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 
 #: the precision recorded for checks that do not depend on the precision
 ANY_PRECISION = "*"
+#: the pid of the driver process; its script-launcher children inherit it
+DRIVER_ENV = "INTERLOCK_CONFORMANCE_DRIVER"
+#: written by launch_arguments when a rank ran in the driver process itself
+IN_DRIVER_MARK = "launch_arguments.in-driver"
 
 
 class CheckFailed(AssertionError):
@@ -94,7 +98,23 @@ CHECKS: tuple[Check, ...] = (
           "plain values exactly"),
     Check(id="init_contexts", where="rank",
           guarantees="module_init_context (empty_init False and True) and "
-          "tensor_init_context give the root device and the precision's dtype"),
+          "tensor_init_context give the root device and the precision's dtype; under "
+          "empty init a non-persistent buffer keeps the value __init__ computed"),
+    Check(id="launch_arguments", where="rank-once",
+          guarantees="a module passed to launch() as an argument (not built in the "
+          "ranks) trains on private parameters in every rank, whatever the launcher: "
+          "K steps equal one plain process; the caller's module is left out of shared "
+          "memory, and unchanged when no rank runs in the calling process"),
+    Check(id="same_start", where="rank-once",
+          guarantees="ranks that build the model from different seeds start from one "
+          "set of weights after setup_module: rank 0's"),
+    Check(id="lr_scheduler", where="rank-once",
+          guarantees="a learning-rate scheduler created over an optimizer before "
+          "setup_module_and_optimizers drives the optimizer the strategy steps"),
+    Check(id="clipping", where="rank", needs="clipping",
+          guarantees="with one optimizer per submodule, clip_gradients_norm for each "
+          "optimizer returns the norm of that optimizer's (unscaled) gradients only, "
+          "equal to one plain process's"),
     Check(id="interrupted_save", where="rank-once",
           guarantees="a save that fails midway leaves the previous checkpoint loadable and "
           "unchanged (checked at world size 1)"),
@@ -126,6 +146,8 @@ class RankContext:
     world_size: int
     workdir: Path
     plan_for: Callable[[str], Plan]
+    #: the module the driver passed through ``launch`` (the launch_arguments check)
+    passed: nn.Module | None = None
 
 
 # ------------------------------------------------------------------ helpers
@@ -453,6 +475,17 @@ def check_init_contexts(ctx: RankContext) -> None:
             e(local.dtype == param_dtype,
                    f"module_init_context(empty_init={empty}): {name} is {local.dtype}, "
                    f"expected {param_dtype} for {ctx.precision}")
+    # a buffer computed in __init__ and not in the state dict: no checkpoint restores
+    # it, so empty init must keep the value __init__ gave it
+    with s.module_init_context(empty_init=True):
+        net = reference.model_with_buffer()
+    module, _ = _setup(ctx, net)
+    buffer = unwrap(module).get_buffer("1.freq")
+    local = buffer.to_local() if isinstance(buffer, DTensor) else buffer
+    want = reference.buffer_values().to(local.dtype)
+    e(torch.equal(local.detach().cpu(), want),
+      f"module_init_context(empty_init=True): a non-persistent buffer computed in __init__ "
+      f"reads {local.detach().cpu().tolist()} after setup_module, expected {want.tolist()}")
     with s.tensor_init_context():
         t = torch.empty(2)
     e(t.device.type == s.root_device.type,
@@ -495,6 +528,102 @@ def check_interrupted_save(ctx: RankContext) -> None:
     e.done()
 
 
+def check_launch_arguments(ctx: RankContext) -> None:
+    e = Expect()
+    if ctx.passed is None:
+        raise CheckFailed("the driver passed no module through launch()")
+    if os.environ.get(DRIVER_ENV) == str(os.getpid()):
+        # this rank runs in the launching process (the script launcher's rank 0): it
+        # trains the caller's own object, as any function call would
+        (ctx.workdir / IN_DRIVER_MARK).touch()
+    shared = [n for n, p in ctx.passed.named_parameters()
+              if p.device.type == "cpu" and p.is_shared()]  # type: ignore[no-untyped-call]
+    module, opt = _setup(ctx, ctx.passed)
+    still_shared = [n for n, p in module.named_parameters()
+                    if not isinstance(p, DTensor) and p.device.type == "cpu"
+                    and p.is_shared()]
+    e(not still_shared or ctx.world_size == 1,
+      f"parameters {still_shared} are in shared memory after setup_module (they arrived "
+      f"shared: {shared}), so every rank of this node steps the same storage")
+    steps = ctx.spec.parity_steps or 3  # as training_parity
+    for step in range(steps):
+        _step(ctx, module, opt, step)
+    want = reference.baseline(ctx.precision, steps)
+    tol = reference.tolerance(ctx.precision, ctx.spec.parity_tolerance)
+    e.close(_params(module), want, f"a module passed through launch(), after {steps} steps on "
+            f"{ctx.world_size} ranks vs one process ({ctx.precision})", **tol)
+    e.done()
+
+
+def check_same_start(ctx: RankContext) -> None:
+    e = Expect()
+    s = ctx.strategy
+    with torch.random.fork_rng():
+        torch.manual_seed(4242 + s.global_rank)  # as frameworks that seed per rank do
+        net = nn.Sequential(nn.Linear(reference.FEATURES, reference.HIDDEN), nn.Tanh(),
+                            nn.Linear(reference.HIDDEN, 1))
+    built = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    rank0_built = s.broadcast(built, src=0)
+    module, _ = _setup(ctx, net)
+    mine = {k: v.float() for k, v in full(module.state_dict()).items()}
+    everyone = s.collective.all_gather_object(mine)
+    for rank, theirs in enumerate(everyone):
+        e.close(theirs, mine, f"rank {rank}'s weights after setup vs rank "
+                f"{s.global_rank}'s", rtol=0, atol=0)
+    # the precision may have cast them: compare in the set-up module's dtype
+    dtypes = {k: v.dtype for k, v in full(module.state_dict()).items()}
+    want = {k: v.to(dtypes[k]).float() for k, v in rank0_built.items()}
+    e.close(mine, want, "weights after setup vs what rank 0 built (each rank seeded its "
+            "own way)", rtol=0, atol=0)
+    e.done()
+
+
+def check_lr_scheduler(ctx: RankContext) -> None:
+    e = Expect()
+    net = reference.model()
+    opt = torch.optim.SGD(net.parameters(), lr=reference.LR)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.1)
+    module, (stepped,) = ctx.strategy.setup_module_and_optimizers(net, [opt])
+    _step(ctx, module, stepped, 0)
+    scheduler.step()
+    lrs = [group["lr"] for group in stepped.param_groups]
+    e(all(abs(lr - reference.LR * 0.1) < 1e-12 for lr in lrs),
+      f"after one StepLR(gamma=0.1) step over the optimizer given to "
+      f"setup_module_and_optimizers, the optimizer the strategy returned has lr {lrs}, "
+      f"expected {reference.LR * 0.1}: the scheduler drives another object")
+    e.done()
+
+
+def check_clipping(ctx: RankContext) -> None:
+    e = Expect()
+    s = ctx.strategy
+    net = reference.model()
+    first, _, last = net.children()
+    given: list[torch.optim.Optimizer] = [
+        torch.optim.SGD(first.parameters(), lr=reference.LR),
+        torch.optim.SGD(last.parameters(), lr=reference.LR)]
+    module, opts = s.setup_module_and_optimizers(net, given)
+    want = reference.gradient_norms(LOSS_FACTOR)
+    x, y = reference.batch(0)
+    x, y = s.batch_to_device((share(x, s), share(y, s)))
+    s.backward(nn.functional.mse_loss(module(x).float(), y) * LOSS_FACTOR, module)
+    tol = reference.tolerance(ctx.precision, ctx.spec.parity_tolerance)
+    for index, opt in enumerate(opts):
+        got = s.clip_gradients_norm(module, opt, max_norm=1e9).detach().float().cpu()
+        e.close(got, want[index], f"clip_gradients_norm with optimizer {index} (over layer "
+                f"{index}) returned a norm other than that layer's gradient norm in one "
+                f"plain process ({ctx.precision})", **tol)
+    for opt in opts:
+        s.optimizer_step(opt)
+        opt.zero_grad()
+    e.done()
+
+
+#: a small loss keeps 16-mixed's scaled float16 gradients finite in the clipping check,
+#: so its first step is not skipped for an overflow
+LOSS_FACTOR = 2.0**-8
+
+
 RANK_CHECKS: dict[str, Callable[[RankContext], None]] = {
     "lifecycle": check_lifecycle,
     "collectives": check_collectives,
@@ -504,6 +633,10 @@ RANK_CHECKS: dict[str, Callable[[RankContext], None]] = {
     "scaler_skip": check_scaler_skip,
     "checkpoint_round_trip": check_checkpoint_round_trip,
     "init_contexts": check_init_contexts,
+    "launch_arguments": check_launch_arguments,
+    "same_start": check_same_start,
+    "lr_scheduler": check_lr_scheduler,
+    "clipping": check_clipping,
     "interrupted_save": check_interrupted_save,
 }
 

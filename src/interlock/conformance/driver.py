@@ -30,6 +30,8 @@ from interlock.conformance import reference
 from interlock.conformance.checks import (
     ANY_PRECISION,
     CHECKS,
+    DRIVER_ENV,
+    IN_DRIVER_MARK,
     RANK_CHECKS,
     CheckFailed,
     CheckSkipped,
@@ -45,8 +47,6 @@ MAIN_TIMEOUT_S = 120.0
 #: the process-group timeout the collective_timeout check sets: long enough for the
 #: ranks of a re-run script to start and meet, short enough to wait for
 TIMEOUT_S = 10.0
-#: the pid of the driver process; its script-launcher children inherit it
-DRIVER_ENV = "INTERLOCK_CONFORMANCE_DRIVER"
 
 
 def _is_driver() -> bool:
@@ -87,7 +87,7 @@ def _plan_for(args: argparse.Namespace, devices: int) -> Any:
 
 
 def run_rank_checks(strategy: Any, args: argparse.Namespace, precisions: list[str],
-                    workdir: str) -> None:
+                    workdir: str, passed: torch.nn.Module | None = None) -> None:
     """Every rank check, for every precision; results appended to this rank's file."""
     from interlock.connector.registry import strategy_specs
 
@@ -108,7 +108,7 @@ def run_rank_checks(strategy: Any, args: argparse.Namespace, precisions: list[st
             _mark(out, _record(label, check_id, "running"))
             ctx = RankContext(strategy=strategy, spec=spec, precision=precision,
                               accelerator=args.accelerator, world_size=args.world_size,
-                              workdir=Path(workdir), plan_for=plan_for)
+                              workdir=Path(workdir), plan_for=plan_for, passed=passed)
             if check.needs is not None and check.needs not in spec.capabilities:
                 result = _record(label, check_id, "skipped",
                                  f"the strategy does not declare {check.needs!r}")
@@ -273,11 +273,17 @@ def drive(args: argparse.Namespace) -> list[dict[str, str]]:
 
     records: list[dict[str, str]] = []
     crash: str | None = None
+    # a module handed to the ranks through launch() (launch_arguments): it must reach
+    # every rank as a private copy and come back untouched
+    passed = reference.model()
+    passed_before = {k: v.clone() for k, v in passed.state_dict().items()}
     try:
-        strategy.launch(run_rank_checks, args, precisions, str(workdir))
+        strategy.launch(run_rank_checks, args, precisions, str(workdir), passed)
     except Exception as error:
         crash = f"{type(error).__name__}: {error}"[:4000]
     records += _collect(workdir, args.world_size, crash)
+    _check_caller_module(records, passed, passed_before,
+                         in_driver=(workdir / IN_DRIVER_MARK).exists())
     records += _not_run(records, precisions,
                         f"a rank crashed before reaching it: {crash}" if crash
                         else "the launch ended before reaching it")
@@ -313,6 +319,27 @@ def drive(args: argparse.Namespace) -> list[dict[str, str]]:
     records.append(_collective_timeout(strategy, args, spec, workdir))
     records.append(_resharding(args, spec, workdir))
     return records
+
+
+def _check_caller_module(records: list[dict[str, str]], passed: torch.nn.Module,
+                         before: dict[str, torch.Tensor], *, in_driver: bool) -> None:
+    """Fail launch_arguments if launch() left the caller's module in shared memory, or
+    changed it although no rank ran in this process (ranks in new processes must get
+    copies; a rank running here trains the caller's object, as a function call does)."""
+    problems = []
+    changed = [k for k, v in passed.state_dict().items() if not torch.equal(v, before[k])]
+    if changed and not in_driver:
+        problems.append(f"the caller's module changed during launch(): {changed}")
+    shared = [n for n, p in passed.named_parameters()
+              if p.device.type == "cpu" and p.is_shared()]  # type: ignore[no-untyped-call]
+    if shared:
+        problems.append(f"launch() left the caller's parameters {shared} in shared memory")
+    if not problems:
+        return
+    for record in records:
+        if record["check"] == "launch_arguments":
+            record["status"] = "failed"
+            record["message"] = "; ".join(filter(None, [record["message"], *problems]))
 
 
 def _failure_propagation(strategy: Any, args: argparse.Namespace,

@@ -34,6 +34,33 @@ def other_model() -> nn.Module:
     return nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 1))
 
 
+def buffer_values() -> torch.Tensor:
+    """The value :func:`model_with_buffer` computes for its buffer in ``__init__``."""
+    return torch.tensor(0.75)
+
+
+class _ScaledTanh(nn.Module):
+    """Tanh of the input times a non-persistent buffer (a scalar, so tensor-parallel
+    splits of the activations still multiply by it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("freq", buffer_values().to(torch.get_default_dtype()),
+                             persistent=False)
+
+    freq: torch.Tensor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x * self.freq)
+
+
+def model_with_buffer() -> nn.Module:
+    """:func:`model`'s shape, its activation scaled by a non-persistent buffer (not in
+    the state dict: no checkpoint can restore it)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(FEATURES, HIDDEN), _ScaledTanh(), nn.Linear(HIDDEN, 1))
+
+
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 + step)
     return torch.randn(BATCH, FEATURES, generator=g), torch.randn(BATCH, 1, generator=g)
@@ -93,6 +120,17 @@ def baseline(precision: str, steps: int, accumulate: int = 1) -> dict[str, torch
             opt.step()
         opt.zero_grad()
     return {k: v.detach().float().clone() for k, v in net.state_dict().items()}
+
+
+def gradient_norms(loss_factor: float = 1.0) -> list[torch.Tensor]:
+    """The gradient norm of each Linear layer of :func:`model` after one float32
+    backward of the (scaled) MSE loss on batch 0, in one plain process."""
+    net = model()
+    x, y = batch(0)
+    (nn.functional.mse_loss(net(x), y) * loss_factor).backward()  # type: ignore[no-untyped-call]
+    return [torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in layer.parameters()
+                                                if p.grad is not None]))
+            for layer in net.children() if isinstance(layer, nn.Linear)]
 
 
 def tolerance(precision: str, extra: tuple[float, float] | None) -> dict[str, float]:

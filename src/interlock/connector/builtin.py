@@ -12,7 +12,7 @@ _XLA = frozenset(("32-true", "16-true", "bf16-true"))
 
 _DDP = "interlock.strategies.ddp:DDPStrategy"
 #: what the conformance suite checks beyond the basics (see specs.CAPABILITIES)
-_PARALLEL = frozenset(("accumulation", "resharding", "timeout"))
+_PARALLEL = frozenset(("accumulation", "clipping", "resharding", "timeout"))
 
 
 def _ddp_rows() -> tuple[StrategySpec, ...]:
@@ -119,7 +119,7 @@ BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
         multi_node=False,
         max_devices=1,
         substitutes={"xla": "single_xla"},
-        capabilities=frozenset(("accumulation",)),
+        capabilities=frozenset(("accumulation", "clipping")),
     ),
     *_ddp_rows(),
     StrategySpec(
