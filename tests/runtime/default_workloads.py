@@ -181,3 +181,48 @@ def load_with_unused(strategy: Strategy, path: str) -> dict[str, Any]:
 
 def save_plain(path: Path, net: nn.Module) -> None:
     torch.save({"model": net.state_dict()}, path)
+
+
+# ------------------------------------------------------------------ parameters under empty init
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(workloads.FEATURES, 8), nn.Tanh(), nn.Linear(8, 2))
+
+
+def empty_init_values(strategy: Strategy) -> dict[str, Any]:
+    """Every rank seeds alike, builds on the meta device, and lets setup initialise."""
+    torch.manual_seed(7)
+    with strategy.module_init_context(empty_init=True):
+        net = _mlp()
+    module = strategy.setup_module(net)
+    return {"params": workloads.full(module.state_dict()), "after": torch.rand(3)}
+
+
+def empty_init_reference() -> dict[str, Any]:
+    """What one process gets: the seed rank 0 draws, then reset_parameters in order."""
+    torch.manual_seed(7)
+    with torch.random.fork_rng():
+        seed = int(torch.randint(0, 2**62, ()).item())
+        torch.manual_seed(seed)
+        net = _mlp()
+    # the caller's random state is untouched by setup
+    return {"params": {k: v.detach().clone() for k, v in net.state_dict().items()},
+            "after": torch.rand(3)}
+
+
+def put_rank(strategy: Strategy, queue: Any, tensor: torch.Tensor) -> None:
+    """Send (rank, whether the tensor arrived shared) through a multiprocessing queue."""
+    queue.put((strategy.global_rank, bool(tensor.is_shared())))  # type: ignore[no-untyped-call]
+
+
+def load_into_sgd(strategy: Strategy, path: str) -> str:
+    """Load a checkpoint saved with Adam into SGD with momentum: must be refused."""
+    net = WithUnused()
+    module, (opt,) = strategy.setup_module_and_optimizers(
+        net, [torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)])
+    try:
+        strategy.load_checkpoint(path, {"model": module, "optimizer": opt})
+    except Exception as error:  # the refusal is the result
+        return f"{type(error).__name__}: {error}"
+    return "loaded"

@@ -64,6 +64,20 @@ def test_a_model_passed_to_launch_trains_privately_in_every_rank(name: str) -> N
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["ddp_spawn", "ddp_forkserver"])
+def test_queues_still_reach_spawned_ranks_while_tensors_are_copied(name: str) -> None:
+    import multiprocessing
+
+    start_method = name.removeprefix("ddp_")
+    queue = multiprocessing.get_context(start_method).SimpleQueue()
+    strategy = interlock.resolve(accelerator="cpu", devices=2, strategy=name)
+    strategy.launch(dw.put_rank, queue, torch.ones(3))
+    got = sorted(queue.get() for _ in range(2))
+    assert got == [(0, False), (1, False)], (
+        f"{name}: ranks sent {got}; expected both ranks, each with a private copy")
+
+
+@pytest.mark.timeout(120)
 def test_a_module_in_shared_memory_is_made_private_by_setup_module() -> None:
     net = workloads.model()
     net.share_memory()  # what a torch.multiprocessing queue or spawn would hand over
@@ -89,6 +103,19 @@ def test_an_lr_scheduler_created_before_setup_keeps_driving_the_optimizer(kind: 
         f"{kind}: the optimizer's lr is {result['lr']} after 4 scheduler steps, plain torch "
         f"has {expected['lr']}")
     close(result["params"], expected["params"], f"{kind} with StepLR vs plain torch")
+
+
+def test_rebinding_keeps_the_lists_optimizers_hold_on_to() -> None:
+    from interlock.strategies.base import _rebind
+
+    old = nn.Linear(3, 2)
+    new = nn.Linear(3, 2)
+    opt = torch.optim.LBFGS(old.parameters())  # keeps a reference to group 0's list
+    names = {id(p): n for n, p in old.named_parameters()}
+    assert _rebind(opt, names, dict(new.named_parameters())) is opt
+    assert opt._params is opt.param_groups[0]["params"], "LBFGS's list was replaced"
+    assert [id(p) for p in opt._params] == [id(new.weight), id(new.bias)], (
+        "LBFGS still steps the parameters sharding replaced")
 
 
 def test_an_lr_scheduler_works_on_a_single_device() -> None:
@@ -225,6 +252,18 @@ def test_every_rank_starts_from_rank_zeros_weights(kind: str) -> None:
           f"{kind}: weights after setup vs what rank 0 built (per-rank seeds)", rtol=0, atol=0)
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["fsdp", "model_parallel"])
+def test_empty_init_gives_the_weights_one_process_would_initialise(kind: str) -> None:
+    result = launch_forked(sharded(kind), dw.empty_init_values)
+    expected = dw.empty_init_reference()
+    close(result["params"], expected["params"],
+          f"{kind}: weights initialised after sharding vs reset_parameters in one process "
+          "(shards must not repeat each other)", rtol=0, atol=0)
+    close(result["after"], expected["after"],
+          f"{kind}: the caller's random stream after setup", rtol=0, atol=0)
+
+
 # ------------------------------------------------------------------ uneven inputs
 
 
@@ -267,6 +306,11 @@ def test_optimizer_state_without_an_unused_parameter_loads_into_fsdp(
     for index in (0, 1, 4, 5):
         close(loaded["optimizer"]["state"][index], saved["optimizer"]["state"][index],
               f"{layout}: Adam state of parameter {index} after loading", rtol=0, atol=0)
+    # what is allowed to be missing is only a parameter's whole state: another
+    # optimizer's checkpoint is still refused
+    refused = launch_forked(sharded("fsdp"), dw.load_into_sgd, path)
+    assert refused.startswith("CheckpointLoadError"), (
+        f"{layout}: an Adam checkpoint loaded into SGD: {refused[:500]}")
 
 
 # ------------------------------------------------------------------ several launchers

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from interlock.conformance import reference
 from interlock.conformance.checks import (
@@ -327,11 +328,14 @@ def _check_caller_module(records: list[dict[str, str]], passed: torch.nn.Module,
     changed it although no rank ran in this process (ranks in new processes must get
     copies; a rank running here trains the caller's object, as a function call does)."""
     problems = []
-    changed = [k for k, v in passed.state_dict().items() if not torch.equal(v, before[k])]
-    if changed and not in_driver:
+    # a rank that ran here has set the caller's module up (sharded it, maybe)
+    changed = [] if in_driver else [k for k, v in passed.state_dict().items()
+                                    if not torch.equal(v, before[k])]
+    if changed:
         problems.append(f"the caller's module changed during launch(): {changed}")
     shared = [n for n, p in passed.named_parameters()
-              if p.device.type == "cpu" and p.is_shared()]  # type: ignore[no-untyped-call]
+              if not isinstance(p, DTensor) and p.device.type == "cpu"
+              and p.is_shared()]  # type: ignore[no-untyped-call]
     if shared:
         problems.append(f"launch() left the caller's parameters {shared} in shared memory")
     if not problems:

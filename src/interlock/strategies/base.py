@@ -562,8 +562,9 @@ def _rebind(optimizer: Optimizer, names: dict[int, str],
         )
     # In place, not a new optimizer: schedulers, hooks and the caller's references all
     # hold this object. It has no state yet, so only the groups name the parameters.
+    # the lists themselves, not new ones: some optimizers (LBFGS) keep a reference
     for group in groups:
-        group["params"] = [current[names[id(p)]] for p in group["params"]]
+        group["params"][:] = [current[names[id(p)]] for p in group["params"]]
     return optimizer
 
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -143,6 +143,14 @@ def optimizer_state_by_name(state: dict[str, Any], optimizer: Optimizer,
             "", f"the optimizer state holds {len(saved)} parameters but the optimizer "
             f"steps {len(order)}; it was saved from a different model or optimizer"
         )
+    for mine, theirs in zip(optimizer.param_groups, state.get("param_groups", ()),
+                            strict=False):
+        if set(mine) != set(theirs):
+            raise CheckpointLoadError(
+                "", f"the saved optimizer's settings are {sorted(set(theirs) - {'params'})}, "
+                f"this {type(optimizer).__name__}'s are {sorted(set(mine) - {'params'})}: it "
+                "was saved from a different optimizer"
+            )
     return {
         "state": {order[i]: value for i, value in state["state"].items()},
         "param_groups": [
@@ -193,6 +201,11 @@ def load_full(strategy: Strategy, path: str | Path, state: dict[str, Any],
                 path, map_location="cpu", weights_only=weights_only
             )
             problem = missing_entries(path, checkpoint, state)
+            for name, target in state.items():
+                # checked here, before rank 0's verdict goes out: a mismatch found
+                # later on rank 0 alone would leave the others in the scatter
+                if problem is None and isinstance(target, Optimizer):
+                    optimizer_state_by_name(checkpoint[name], target, owners[name])
         except FileNotFoundError as error:
             problem, not_found = str(error), True
         except CheckpointLoadError as error:
@@ -350,15 +363,22 @@ def load_distributed(strategy: Strategy, path: str | Path, state: dict[str, Any]
             targets[name] = get_model_state_dict(unwrap(value))
         elif isinstance(value, Optimizer):
             targets[name] = get_optimizer_state_dict(owners[name], value)
-    models = {n: v for n, v in targets.items() if isinstance(state[n], nn.Module)}
-    optimizers = {n: v for n, v in targets.items() if n not in models}
-    if models:
-        dcp.load(models, checkpoint_id=path)
-    if optimizers:
-        # a parameter that never had a gradient has no saved optimizer state: what the
-        # optimizer holds for it (nothing, or the zeros torch initialises) stays
-        dcp.load(optimizers, checkpoint_id=path,
-                 planner=DefaultLoadPlanner(allow_partial_load=True))
+    saved_keys = set(metadata.state_dict_metadata)
+    for name, target in targets.items():
+        if isinstance(state[name], Optimizer):
+            # a parameter that never had a gradient has no saved optimizer state: what
+            # the optimizer holds for it (nothing, or torch's zeros) stays; everything
+            # else, state keys and group settings alike, must be in the checkpoint
+            kept = {fqn: values for fqn, values in target.get("state", {}).items()
+                    if any(k.startswith(f"{name}.state.{fqn}.") for k in saved_keys)}
+            target["state"] = kept
+    try:
+        dcp.load(targets, checkpoint_id=path)
+    except (Exception, CheckpointException) as error:  # dcp's is a BaseException
+        raise CheckpointLoadError(
+            str(path), f"it does not match the modules and optimizers given (saved from "
+            f"a different model or optimizer?): {type(error).__name__}: {error}"
+        ) from error
     for name, value in state.items():
         if isinstance(value, nn.Module):
             set_model_state_dict(unwrap(value), targets[name])

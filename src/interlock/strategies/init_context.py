@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -40,11 +41,21 @@ def parameters_on_meta() -> Iterator[None]:
     one at a time, so the peak is the largest single parameter, not the model.
     """
 
+    # one meta parameter per original, so a parameter registered twice (tied weights)
+    # stays one; weak references, so the originals are freed as before
+    moved: dict[int, tuple[weakref.ref[nn.Parameter], nn.Parameter]] = {}
+
     def to_meta(module: nn.Module, name: str, param: Any) -> Any:
         # subclasses (lazy or quantised parameters) know best where they live
         if type(param) is not nn.Parameter or param.is_meta:
             return None
-        return nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+        known = moved.get(id(param))
+        if known is not None and known[0]() is param:
+            return known[1]
+        meta = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+        meta.__dict__.update(param.__dict__)  # attributes a framework set on it
+        moved[id(param)] = (weakref.ref(param), meta)
+        return meta
 
     handle = torch.nn.modules.module.register_module_parameter_registration_hook(to_meta)
     try:

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 
 def has_meta_tensors(module: nn.Module) -> bool:
@@ -26,14 +26,45 @@ def materialize_meta(module: nn.Module, device: torch.device) -> None:
     ``reset_parameters`` method runs it; parameters of modules without one are left
     uninitialised, as after ``torch.empty``, and are meant to be loaded from a
     checkpoint.
+
+    A submodule whose parameters are sharded (DTensors) is reset on full-size
+    temporary parameters, of which each rank keeps its own slice: drawing random
+    numbers into the local shards directly would give every shard the same values
+    wherever DTensor has no random-number tracker (CPU meshes, CPU-offloaded shards).
+    With every rank on one random stream (:func:`rank0_random_stream`), the sharded
+    module then holds exactly what ``reset_parameters()`` gives one process. The peak
+    is one submodule's full parameters, not the model's.
     """
     module._apply(  # type: ignore[no-untyped-call]
         lambda t: torch.empty_like(t, device=device) if t.is_meta else t
     )
     for sub in module.modules():
         reset = getattr(sub, "reset_parameters", None)
-        if callable(reset):
+        if not callable(reset):
+            continue
+        sharded: dict[str, DTensor] = {
+            n: p for n, p in sub._parameters.items() if isinstance(p, DTensor)  # type: ignore[misc]
+        }
+        if not sharded:
             reset()
+            continue
+        originals = dict(sub._parameters)
+        for name, param in sharded.items():
+            local = param.to_local()
+            sub._parameters[name] = nn.Parameter(
+                torch.empty(param.shape, dtype=local.dtype, device=local.device),
+                requires_grad=param.requires_grad)
+        try:
+            reset()
+            for name, param in sharded.items():
+                full = sub._parameters[name]
+                if full is None:
+                    continue
+                mine = distribute_tensor(full.detach(), param.device_mesh, param.placements,
+                                         src_data_rank=None)  # every rank holds the same
+                param.to_local().copy_(mine.to_local())
+        finally:
+            sub._parameters.update(originals)
 
 
 @torch.no_grad()
@@ -72,8 +103,10 @@ def broadcast_from_rank0(module: nn.Module) -> None:
     """
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return
+    # parameters() yields a tied parameter once; an expanded view (stride 0) cannot be
+    # written element by element, and is a view of something broadcast anyway
     for tensor in (*module.parameters(), *module.buffers()):
-        if tensor.is_meta or isinstance(tensor, DTensor):
+        if tensor.is_meta or isinstance(tensor, DTensor) or 0 in tensor.stride():
             continue
         if tensor.is_contiguous():
             dist.broadcast(tensor.detach(), src=0)
@@ -95,10 +128,12 @@ def rank0_random_stream(device: torch.device) -> Iterator[None]:
     if not dist.is_initialized() or dist.get_world_size() == 1:
         yield
         return
-    seed = [int(torch.randint(0, 2**62, ()).item())]
-    dist.broadcast_object_list(seed, src=0)
-    devices = [device.index or 0] if device.type == "cuda" else []
+    # manual_seed reseeds every CUDA device: restore them all
+    devices = list(range(torch.cuda.device_count())) if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
+        # drawn inside: the caller's random state is left exactly as it was
+        seed = [int(torch.randint(0, 2**62, ()).item())]
+        dist.broadcast_object_list(seed, src=0)
         torch.manual_seed(seed[0])
         yield
 

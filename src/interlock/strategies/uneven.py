@@ -24,7 +24,8 @@ from types import FrameType
 
 import torch.distributed as dist
 
-from interlock.strategies.launchers.base import report_failure
+from interlock.strategies.launchers import history as launch_history
+from interlock.strategies.launchers.base import ERROR_FILE_ENV, RENDEZVOUS_ENV, report_failure
 
 #: how long this rank's main thread must stay in the same collective (or backward)
 #: after a peer returned before it counts as stranded: long enough for the end of a
@@ -42,20 +43,46 @@ class UnevenCollectivesError(RuntimeError):
     """A rank was left waiting in a collective by ranks that had already returned."""
 
 
-def _key(generation: int, rank: int) -> str:
+def _key(generation: str, rank: int) -> str:
     return f"interlock/returned/{generation}/{rank}"
 
 
-def _count_key(generation: int) -> str:
+def _count_key(generation: str) -> str:
     return f"interlock/returned/{generation}/count"
 
 
 def _waiting_in_collective(frame: FrameType) -> bool:
-    """Whether ``frame`` (the main thread's innermost) is torch.distributed code or
-    the autograd engine (where DDP and FSDP reduce gradients)."""
-    where = frame.f_code.co_filename.replace(os.sep, "/")
-    return "/torch/distributed/" in where or frame.f_code.co_name in (
-        "_engine_run_backward", "backward")
+    """Whether the main thread, whose innermost frame is ``frame``, is in
+    torch.distributed or DDP code (a collective, or DDP's buffer broadcast) or in
+    the autograd engine (where DDP and FSDP reduce gradients). The few innermost
+    frames are looked at: C++ calls leave their Python caller innermost."""
+    current: FrameType | None = frame
+    for _ in range(3):
+        if current is None:
+            return False
+        where = current.f_code.co_filename.replace(os.sep, "/")
+        if ("/torch/distributed/" in where or "/torch/nn/parallel/" in where
+                or current.f_code.co_name in ("_engine_run_backward", "backward")):
+            return True
+        current = current.f_back
+    return False
+
+
+def _is_distributed_error(exc: BaseException) -> bool:
+    """Whether ``exc`` came from a collective (not, say, an out-of-memory error in
+    code a rank runs alone after its peers returned)."""
+    if isinstance(exc, getattr(dist, "DistError", ())):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(
+        mark in text for mark in ("gloo", "Connection closed", "Connection reset",
+                                  "NCCL", "Timed out", "timed out"))
+
+
+def _in_callers_process() -> bool:
+    """Whether this rank runs in the user's own process (the script launcher's rank
+    0): ending it would end the user's script, not just a worker."""
+    return RENDEZVOUS_ENV in os.environ and ERROR_FILE_ENV not in os.environ
 
 
 class ReturnWatch:
@@ -63,13 +90,19 @@ class ReturnWatch:
 
     def __init__(self, rank: int, world_size: int) -> None:
         global _generation
-        _generation += 1  # every rank sets up the same strategies in the same order
-        self.generation = _generation
+        # Keys must agree between ranks: the launch's number does (ranks re-run by the
+        # script launcher replay earlier launches without setting anything up), plus
+        # how many watches this process made, for a process that sets up outside any
+        # launch.
+        _generation += 1
+        self.generation = f"{launch_history.in_progress()}.{_generation}"
         self.rank = rank
         self.world_size = world_size
         self._store: dist.Store | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # peers seen returned, kept: the store may go with the rank that hosts it
+        self._returned: list[int] = []
 
     def start(self) -> None:
         """Begin watching (a no-op with one rank or no default store)."""
@@ -113,6 +146,8 @@ class ReturnWatch:
                 # one store operation per poll, whatever the world size
                 if store.add(_count_key(self.generation), 0) == 0:
                     continue
+                if not self._returned:
+                    self._returned = self._peers_returned(store)
             except (RuntimeError, ValueError):
                 return  # the store went away: the launch is ending
             frame = sys._current_frames().get(main or -1)
@@ -124,22 +159,21 @@ class ReturnWatch:
                 continue
             if time.monotonic() - since[1] < GRACE_S or self._stop.is_set():
                 continue
-            try:
-                returned = self._peers_returned(store)
-            except (RuntimeError, ValueError):
+            if self._returned:
+                self._give_up(self._returned, frame)
                 return
-            if returned:
-                self._give_up(returned, frame)
 
     def explain(self, exc: BaseException) -> UnevenCollectivesError | None:
         """``exc`` (a collective that failed in this rank) explained, when peers had
         returned from the function before it: their absence is the cause."""
-        if self._store is None or not isinstance(exc, RuntimeError):
+        if self._store is None or not _is_distributed_error(exc):
             return None
-        try:
-            returned = self._peers_returned(self._store)
-        except (RuntimeError, ValueError):
-            return None
+        returned = self._returned
+        if not returned:
+            try:
+                returned = self._peers_returned(self._store)
+            except (RuntimeError, ValueError):
+                return None
         if not returned:
             return None
         return _stranded(self.rank, returned, f"it failed with {type(exc).__name__}")
@@ -148,9 +182,14 @@ class ReturnWatch:
         where = (f"it has waited in {frame.f_code.co_name} "
                  f"({os.path.basename(frame.f_code.co_filename)}) for {GRACE_S:.0f}s")
         error = _stranded(self.rank, returned, where)
-        report_failure(error)
         print(f"interlock: {error}", file=sys.stderr, flush=True)
-        # the main thread is blocked in C++ and cannot be interrupted: end the process
+        if _in_callers_process():
+            # the user's own script: say why it waits, but do not end it; the collective
+            # fails once the peers' processes exit, and explain() names the cause
+            return
+        report_failure(error)
+        sys.stdout.flush()
+        # the main thread is blocked in C++ and cannot be interrupted: end the worker
         os._exit(STRANDED_EXIT_CODE)
 
 

@@ -14,23 +14,28 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 from pathlib import Path
 from typing import Any
 
-from interlock.strategies.launchers.base import RENDEZVOUS_ENV
+from interlock.strategies.launchers.base import RENDEZVOUS_ENV, LaunchError
 
 #: the index of the launch a script-launcher child was started for
 LAUNCH_INDEX_ENV = "INTERLOCK_LAUNCH_INDEX"
 #: a file with the outcomes of rank 0's launches before that one
 LAUNCH_HISTORY_ENV = "INTERLOCK_LAUNCH_HISTORY"
 
-#: an outcome: ("returned", value), ("raised", the pickled exception) or
-#: ("unavailable", reason)
+#: rank 0's outcome of a launch: ("returned", pickled value), ("raised", pickled
+#: exception) or ("unavailable", why), pickled when the launch ends, so a later change
+#: to the returned object is not replayed, and no traceback keeps frames alive
 Outcome = tuple[str, Any]
 
-_outcomes: list[Outcome] = []
+#: a returned value larger than this, pickled, is not kept for replay
+MAX_KEPT_BYTES = 64 * 2**20
+
+_outcomes: list[tuple[str, bytes | str]] = []
 _current: int | None = None
-_replayed: list[Outcome] | None = None
+_replayed: list[tuple[str, bytes | str]] | None = None
 
 
 def begin() -> int:
@@ -41,29 +46,30 @@ def begin() -> int:
     return _current
 
 
-def current() -> int:
-    """The index of the launch in progress; a launcher used directly, not through
-    ``Strategy.launch``, begins one."""
-    if _current is None:
-        return begin()
+def in_progress() -> int | None:
+    """The index of the launch in progress, or None outside any launch."""
     return _current
 
 
 def finish(index: int, outcome: Outcome) -> None:
-    """Record how launch ``index`` ended, for the children of later launches.
-
-    An exception is kept pickled: the object itself would keep its traceback's frames
-    (and whatever they reference) alive for the rest of the process.
-    """
-    kind, value = outcome
-    if kind == "raised":
-        try:
-            value = pickle.dumps(value)
-        except Exception as error:  # an exception that does not pickle
-            kind, value = "unavailable", f"{type(value).__name__} does not pickle: {error}"
-    _outcomes[index] = (kind, value)
+    """Record how launch ``index`` ended, for the children of later launches."""
     global _current
-    _current = None
+    kind, value = outcome
+    kept: tuple[str, bytes | str]
+    if kind in ("returned", "raised"):
+        try:
+            data = pickle.dumps(value)
+        except Exception as error:  # a value that does not pickle
+            kept = ("unavailable", f"{type(value).__name__} does not pickle: {error}")
+        else:
+            kept = (kind, data) if kind == "raised" or len(data) <= MAX_KEPT_BYTES else (
+                "unavailable", f"the result is {len(data)} bytes pickled, more than the "
+                f"{MAX_KEPT_BYTES} kept for replay")
+    else:
+        kept = ("unavailable", str(value))
+    _outcomes[index] = kept
+    if _current == index:
+        _current = None
 
 
 def is_script_child() -> bool:
@@ -84,24 +90,26 @@ def replay(index: int) -> Any:
     if _replayed is None:
         path = os.environ.get(LAUNCH_HISTORY_ENV)
         _replayed = pickle.loads(Path(path).read_bytes()) if path else []
-    kind, value = _replayed[index] if index < len(_replayed) else ("unavailable", None)
-    if kind == "returned":
-        return value
+    kind, value = _replayed[index] if index < len(_replayed) else ("unavailable", "")
+    if kind == "returned" and isinstance(value, bytes):
+        return pickle.loads(value)
     if kind == "raised" and isinstance(value, bytes):
-        raise pickle.loads(value)
-    return None  # rank 0's outcome could not be handed over; the script sees None
+        try:
+            error = pickle.loads(value)
+        except Exception as problem:  # an exception class that cannot be rebuilt
+            raise LaunchError(
+                f"rank 0's launch {index} raised an exception that cannot be rebuilt in "
+                f"this rank ({type(problem).__name__}: {problem})"
+            ) from None
+        raise error
+    why = value if isinstance(value, str) and value else "unknown"
+    print(f"interlock: rank 0's launch {index} result cannot be handed to this rank "
+          f"({why}); the script sees None here", file=sys.stderr)
+    return None
 
 
 def write(directory: Path, upto: int) -> Path:
     """Write the outcomes of launches ``0..upto-1`` for children to replay."""
-    outcomes: list[Outcome] = []
-    for kind, value in _outcomes[:upto]:
-        if kind == "returned":
-            try:
-                pickle.dumps(value)
-            except Exception as error:  # any value that does not pickle
-                kind, value = "unavailable", f"{type(value).__name__} does not pickle: {error}"
-        outcomes.append((kind, value))
     path = directory / "launch-history.pkl"
-    path.write_bytes(pickle.dumps(outcomes))
+    path.write_bytes(pickle.dumps(_outcomes[:upto]))
     return path

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import multiprocessing
 import os
 import pickle
 import tempfile
 import time
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -152,31 +154,59 @@ def _stop(context: Any, grace: float = 5.0) -> None:
 
 
 def _payload(start_method: str, entry: WorkerEntry, args: tuple[Any, ...],
-             kwargs: dict[str, Any]) -> bytes | tuple[WorkerEntry, tuple[Any, ...],
-                                                      dict[str, Any]]:
+             kwargs: dict[str, Any]) -> Any:
     """What the workers receive: the call itself for fork (each child has a private
-    copy-on-write image of this process), else the call pickled with plain pickle.
-
-    Not torch's multiprocessing pickler: that one moves CPU tensors into shared memory
-    and hands every worker the same storage, so a model passed to ``launch`` would be
-    one set of parameters that every rank's optimizer steps (and the caller's model
-    would be left in shared memory). Plain pickle copies the data, so every rank
-    starts from an equal but private copy.
-    """
+    copy-on-write image of this process), else the call wrapped so that it pickles
+    with tensors copied (see :class:`_PrivateCall`)."""
     if start_method == "fork":
         return entry, args, kwargs
-    try:
-        return pickle.dumps((entry, args, kwargs))
-    except Exception as error:
-        raise LaunchError(
-            f"the function and arguments given to launch() must pickle to reach "
-            f"{start_method!r} worker processes: {type(error).__name__}: {error}. Define "
-            "the function at module level, or use strategy='ddp_fork' or 'ddp'"
-        ) from error
+    return _PrivateCall((entry, args, kwargs))
+
+
+class _CopyingPickler(ForkingPickler):
+    """multiprocessing's pickler without torch's tensor and storage reducers.
+
+    torch registers reducers that move CPU storages into shared memory (and send CUDA
+    ones by IPC handle), so every worker would receive the same storage: a model
+    passed to ``launch`` would be one set of parameters that every rank's optimizer
+    steps, and the caller's model would be left in shared memory. Without them,
+    tensors pickle by value. multiprocessing's own reducers (queues, locks, events,
+    connections) stay, so those still reach spawned workers.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.dispatch_table = {
+            cls: reducer for cls, reducer in self.dispatch_table.items()
+            if getattr(reducer, "__module__", "") != "torch.multiprocessing.reductions"
+        }
+
+
+class _PrivateCall:
+    """The worker's call, pickled by :class:`_CopyingPickler` when (and only when)
+    multiprocessing pickles the process's arguments: queues and locks may only be
+    pickled while a process is being started."""
+
+    def __init__(self, call: tuple[WorkerEntry, tuple[Any, ...], dict[str, Any]]) -> None:
+        self.call = call
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        buffer = io.BytesIO()
+        try:
+            _CopyingPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(self.call)
+        except Exception as error:
+            entry = getattr(self.call[0], "__qualname__", repr(self.call[0]))
+            raise LaunchError(
+                f"the call launched in every rank ({entry} with its arguments) must pickle "
+                f"to reach worker processes started by 'spawn' or 'forkserver': "
+                f"{type(error).__name__}: {error}. Functions must be defined at module "
+                "level; or use strategy='ddp_fork' or 'ddp', which need no pickling"
+            ) from error
+        return (pickle.loads, (buffer.getvalue(),))
 
 
 def _worker(local_rank: int,
-            payload: bytes | tuple[WorkerEntry, tuple[Any, ...], dict[str, Any]],
+            payload: tuple[WorkerEntry, tuple[Any, ...], dict[str, Any]],
             node_rank: int, num_processes: int,
             world_size: int, rendezvous: str, rank0_serves: bool, start_method: str,
             errors: str, parent_pid: int | None) -> None:
@@ -191,10 +221,7 @@ def _worker(local_rank: int,
         world_size=world_size,
         rendezvous=rendezvous, rank0_serves=rank0_serves,
     )
-    if isinstance(payload, bytes):
-        entry, args, kwargs = run_recording_errors(pickle.loads, (payload,), {})
-    else:
-        entry, args, kwargs = payload
+    entry, args, kwargs = payload
     result = run_recording_errors(entry, args, kwargs)
     if rank == 0:
         # A file, not a pipe: the parent reads it after the workers exit, so a result

@@ -103,7 +103,17 @@ class SubprocessScriptLauncher(Launcher):
         self.main_port = main_port
 
     def launch(self, entry: WorkerEntry, *args: Any, **kwargs: Any) -> Any:
-        index = launch_history.current()
+        index = launch_history.in_progress()
+        if index is None:  # used directly, not through Strategy.launch: count it here
+            index = launch_history.begin()
+            try:
+                return self._launch(index, entry, args, kwargs)
+            finally:
+                launch_history.finish(index, ("unavailable", "a launcher used directly"))
+        return self._launch(index, entry, args, kwargs)
+
+    def _launch(self, index: int, entry: WorkerEntry, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any:
         if RENDEZVOUS_ENV in os.environ and "LOCAL_RANK" in os.environ:
             return _run_as_child(index, entry, args, kwargs)
         world_size = self.num_processes * self.num_nodes
@@ -174,7 +184,7 @@ class SubprocessScriptLauncher(Launcher):
         self, errors: Path, own: dict[str, str]
     ) -> dict[int, subprocess.Popen[bytes]]:
         command = script_command()
-        history = launch_history.write(errors, launch_history.current())
+        history = launch_history.write(errors, int(own[launch_history.LAUNCH_INDEX_ENV]))
         own = {**own, launch_history.LAUNCH_HISTORY_ENV: str(history)}
         children: dict[int, subprocess.Popen[bytes]] = {}
         for local_rank in range(1, self.num_processes):
