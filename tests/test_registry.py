@@ -143,32 +143,6 @@ def _make_distribution(root: Path, module: str, body: str, entry: str) -> None:
     (info / "entry_points.txt").write_text(f"[interlock.strategies]\n{entry}\n")
 
 
-@pytest.mark.usefixtures("clean_registry")
-def test_entry_point_strategies_are_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _make_distribution(
-        tmp_path,
-        "ilk_thirdparty",
-        """
-        from interlock import StrategySpec
-
-        def specs():
-            return [
-                StrategySpec(
-                    name="ilk_ring", factory="ilk_thirdparty:Ring", description="ring",
-                    family="ddp", accelerators=frozenset({"cpu"}),
-                    precisions=frozenset({"32-true"}), launcher="fork",
-                )
-            ]
-        """,
-        "ring = ilk_thirdparty:specs",
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    registry._entry_points_loaded = False
-    assert plan(strategy="ilk_ring", devices=2, machine=CPU).launcher == "fork"
-    sys.modules.pop("ilk_thirdparty", None)
-
-
-BROKEN = ("ilk_broken", "raise ImportError('no such thing')\n", "broken = ilk_broken:specs")
 RING = (
     "ilk_thirdparty",
     """
@@ -187,6 +161,16 @@ RING = (
 )
 
 
+@pytest.mark.usefixtures("clean_registry")
+def test_entry_point_strategies_are_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _make_distribution(tmp_path, *RING)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry._entry_points_loaded = False
+    assert plan(strategy="ilk_ring", devices=2, machine=CPU).launcher == "fork"
+    sys.modules.pop("ilk_thirdparty", None)
+
+
+BROKEN = ("ilk_broken", "raise ImportError('no such thing')\n", "broken = ilk_broken:specs")
 def _install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
              *distributions: tuple[str, str, str]) -> None:
     """Put distributions with entry points on sys.path and make the registry reload."""
