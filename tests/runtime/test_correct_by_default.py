@@ -77,6 +77,14 @@ def test_queues_still_reach_spawned_ranks_while_tensors_are_copied(name: str) ->
         f"{name}: ranks sent {got}; expected both ranks, each with a private copy")
 
 
+def test_a_call_that_cannot_pickle_is_refused_before_any_rank_starts() -> None:
+    from interlock.strategies.launchers import LaunchError
+
+    strategy = interlock.resolve(accelerator="cpu", devices=2, strategy="ddp_spawn")
+    with pytest.raises(LaunchError, match="the function given to launch"):
+        strategy.launch(lambda s: 1)
+
+
 @pytest.mark.timeout(120)
 def test_a_module_in_shared_memory_is_made_private_by_setup_module() -> None:
     net = workloads.model()

@@ -195,12 +195,11 @@ class _PrivateCall:
         try:
             _CopyingPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(self.call)
         except Exception as error:
-            entry = getattr(self.call[0], "__qualname__", repr(self.call[0]))
             raise LaunchError(
-                f"the call launched in every rank ({entry} with its arguments) must pickle "
-                f"to reach worker processes started by 'spawn' or 'forkserver': "
-                f"{type(error).__name__}: {error}. Functions must be defined at module "
-                "level; or use strategy='ddp_fork' or 'ddp', which need no pickling"
+                "the function given to launch() and its arguments must pickle to reach "
+                f"worker processes started by 'spawn' or 'forkserver': "
+                f"{type(error).__name__}: {error}. Define functions at module level, or "
+                "use strategy='ddp_fork' or 'ddp', which need no pickling"
             ) from error
         return (pickle.loads, (buffer.getvalue(),))
 
