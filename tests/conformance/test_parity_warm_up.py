@@ -4,37 +4,21 @@ beyond its warm-up (one pytest run of the suite, world size 2, 32-true)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
+from suite_runs import run_suite
 
-HERE = Path(__file__).resolve().parent
 PARITY = {"training_parity", "accumulation_parity", "launch_arguments"}
 
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
     """The suite's report records over both registrations, by strategy."""
-    workdir = tmp_path_factory.mktemp("warm-up")
-    report = workdir / "report.json"
-    args = [sys.executable, "-m", "pytest", "--pyargs", "interlock.conformance", "-q",
-            "-p", "no:cacheprovider", "-o", "addopts=", "--interlock-world-sizes", "2",
-            "--interlock-precisions", "32-true", "--interlock-runner", "cpu",
-            "--interlock-import", "warm_up_strategies", "--interlock-report", str(report),
-            "--interlock-strategy", "warm_up_undeclared",
-            "--interlock-strategy", "warm_up_declared"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    done = subprocess.run(args, cwd=workdir, env=env, capture_output=True, text=True,
-                          timeout=600, check=False)
-    assert report.exists(), f"the suite wrote no report:\n{done.stdout[-4000:]}{done.stderr}"
+    run = run_suite(tmp_path_factory.mktemp("warm-up"), "warm_up_strategies",
+                    ["warm_up_undeclared", "warm_up_declared"], timeout=600)
     by_strategy: dict[str, list[dict[str, Any]]] = {}
-    for record in json.loads(report.read_text())["records"]:
+    for record in run["report"]["records"]:
         by_strategy.setdefault(record["strategy"], []).append(record)
     return by_strategy
 

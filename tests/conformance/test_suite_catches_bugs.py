@@ -4,14 +4,10 @@ through its JSON report)."""
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-HERE = Path(__file__).resolve().parent
+from suite_runs import run_suite
 
 #: strategy -> the checks its bug must fail (at world size 2, 32-true)
 EXPECTED_FAILURES: dict[str, set[str]] = {
@@ -33,25 +29,8 @@ EXPECTED_FAILURES: dict[str, set[str]] = {
 @pytest.fixture(scope="module")
 def suite_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Run the suite once over every strategy above; return its report and output."""
-    pytester_dir = tmp_path_factory.mktemp("suite")
-    report = pytester_dir / "report.json"
-    import subprocess
-    import sys
-
-    args = [sys.executable, "-m", "pytest", "--pyargs", "interlock.conformance", "-q",
-            "-p", "no:cacheprovider", "-o", "addopts=", "--interlock-world-sizes", "2",
-            "--interlock-precisions", "32-true", "--interlock-runner", "cpu",
-            "--interlock-import", "broken_strategies", "--interlock-report", str(report),
-            "-n", "2", "--dist", "loadgroup"]
-    for name in EXPECTED_FAILURES:
-        args += ["--interlock-strategy", name]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    done = subprocess.run(args, cwd=pytester_dir, env=env, capture_output=True, text=True,
-                          timeout=900, check=False)
-    assert report.exists(), f"the suite wrote no report:\n{done.stdout[-4000:]}{done.stderr}"
-    return {"report": json.loads(report.read_text()), "stdout": done.stdout,
-            "returncode": done.returncode}
+    return run_suite(tmp_path_factory.mktemp("suite"), "broken_strategies",
+                     list(EXPECTED_FAILURES), "-n", "2", "--dist", "loadgroup")
 
 
 @pytest.mark.timeout(960)

@@ -239,6 +239,22 @@ def test_clipping_once_per_optimizer_clips_only_that_optimizers_gradients(
         f"{precision}: the second optimizer's layer moved only {moved:.2e} after clipping")
 
 
+@pytest.mark.parametrize("bound", [-1.0, 0.0, float("nan"), float("inf"), True])
+def test_clipping_bounds_that_would_corrupt_gradients_are_refused(bound: Any) -> None:
+    strategy = interlock.resolve(accelerator="cpu", devices=1)
+    module = strategy.setup_module(workloads.model())
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    x, y = workloads.batch(0)
+    strategy.backward(nn.functional.mse_loss(module(x), y), module)
+    before = [p.grad.clone() for p in module.parameters() if p.grad is not None]
+    with pytest.raises(ValueError, match="expected a positive finite number"):
+        strategy.clip_gradients_norm(module, opt, bound)
+    with pytest.raises(ValueError, match="expected a positive finite number"):
+        strategy.clip_gradients_value(module, opt, bound)
+    after = [p.grad for p in module.parameters() if p.grad is not None]
+    close(after, before, "gradients after a refused clip", rtol=0, atol=0)
+
+
 def test_clipping_with_an_optimizer_over_another_module_is_refused() -> None:
     strategy = interlock.resolve(accelerator="cpu", devices=1)
     module = strategy.setup_module(workloads.model())

@@ -21,6 +21,7 @@ from torch.distributed.tensor import DTensor
 
 from interlock.conformance import reference
 from interlock.connector.tables import PRECISION_ROWS
+from interlock.strategies.sharding import in_shared_memory
 
 if TYPE_CHECKING:
     from interlock.connector.planner import Plan
@@ -536,12 +537,9 @@ def check_launch_arguments(ctx: RankContext) -> None:
         # this rank runs in the launching process (the script launcher's rank 0): it
         # trains the caller's own object, as any function call would
         (ctx.workdir / IN_DRIVER_MARK).touch()
-    shared = [n for n, p in ctx.passed.named_parameters()
-              if p.device.type == "cpu" and p.is_shared()]  # type: ignore[no-untyped-call]
+    shared = [n for n, p in ctx.passed.named_parameters() if in_shared_memory(p)]
     module, opt = _setup(ctx, ctx.passed)
-    still_shared = [n for n, p in module.named_parameters()
-                    if not isinstance(p, DTensor) and p.device.type == "cpu"
-                    and p.is_shared()]
+    still_shared = [n for n, p in module.named_parameters() if in_shared_memory(p)]
     e(not still_shared or ctx.world_size == 1,
       f"parameters {still_shared} are in shared memory after setup_module (they arrived "
       f"shared: {shared}), so every rank of this node steps the same storage")

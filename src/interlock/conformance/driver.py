@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from interlock.conformance import reference
 from interlock.conformance.checks import (
@@ -39,6 +38,7 @@ from interlock.conformance.checks import (
     RankContext,
     full,
 )
+from interlock.strategies.sharding import in_shared_memory
 
 #: how long failure propagation may take before the check fails
 FAILURE_BOUND_S = 60.0
@@ -333,9 +333,7 @@ def _check_caller_module(records: list[dict[str, str]], passed: torch.nn.Module,
                                     if not torch.equal(v, before[k])]
     if changed:
         problems.append(f"the caller's module changed during launch(): {changed}")
-    shared = [n for n, p in passed.named_parameters()
-              if not isinstance(p, DTensor) and p.device.type == "cpu"
-              and p.is_shared()]  # type: ignore[no-untyped-call]
+    shared = [n for n, p in passed.named_parameters() if in_shared_memory(p)]
     if shared:
         problems.append(f"launch() left the caller's parameters {shared} in shared memory")
     if not problems:

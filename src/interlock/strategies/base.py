@@ -8,6 +8,7 @@ strategies derive from one of these two classes and from nothing concrete.
 from __future__ import annotations
 
 import contextlib
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -405,10 +406,17 @@ class Strategy(ABC):
             norm_type: the p of the p-norm (``float("inf")`` for the max norm).
 
         Raises:
-            ValueError: if the optimizer steps none of the module's parameters.
+            ValueError: for a ``max_norm`` that is not a positive finite number, a
+                ``norm_type`` that is not positive, or an optimizer that steps none of
+                the module's parameters.
         """
-        self.precision.unscale_gradients(optimizer)
+        _check_positive("max_norm", max_norm)
+        if not isinstance(norm_type, (int, float)) or isinstance(norm_type, bool) or not (
+                norm_type > 0):  # inf is allowed: the max norm
+            raise ValueError(f"clip_gradients_norm(norm_type={norm_type!r}): expected a "
+                             "positive number, or float('inf') for the max norm")
         params = _owned_parameters(module, optimizer)
+        self.precision.unscale_gradients(optimizer)
         # over sharded gradients the norm is a DTensor: return it whole
         return total_norm(torch.nn.utils.clip_grad_norm_(params, max_norm,
                                                          norm_type=norm_type))
@@ -417,8 +425,10 @@ class Strategy(ABC):
                              clip_value: float) -> None:
         """Clamp each gradient ``optimizer`` steps (over the parameters of ``module``)
         to ``[-clip_value, clip_value]``, unscaled first under ``16-mixed``."""
+        _check_positive("clip_value", clip_value)
+        params = _owned_parameters(module, optimizer)
         self.precision.unscale_gradients(optimizer)
-        torch.nn.utils.clip_grad_value_(_owned_parameters(module, optimizer), clip_value)
+        torch.nn.utils.clip_grad_value_(params, clip_value)
 
     @contextlib.contextmanager
     def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> Iterator[None]:
@@ -568,8 +578,19 @@ def _rebind(optimizer: Optimizer, names: dict[int, str],
     return optimizer
 
 
+def _check_positive(name: str, value: object) -> None:
+    """Refuse a clipping bound that is not a positive finite number: a negative one
+    would flip the gradients' sign, a NaN would turn them into NaN."""
+    if (not isinstance(value, (int, float)) or isinstance(value, bool)
+            or not math.isfinite(value) or value <= 0):
+        raise ValueError(f"{name}={value!r}: expected a positive finite number")
+
+
 def _owned_parameters(module: nn.Module, optimizer: Optimizer) -> list[nn.Parameter]:
     """The parameters of ``module`` that ``optimizer`` steps, in the module's order."""
+    if not isinstance(optimizer, Optimizer):
+        raise TypeError(f"expected the torch.optim.Optimizer whose gradients to clip, got "
+                        f"{type(optimizer).__name__}")
     owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
     params = [p for p in unwrap(module).parameters() if id(p) in owned]
     if not params:

@@ -28,7 +28,7 @@ def process_rank() -> int:
     if dist is not None and dist.is_available() and dist.is_initialized():
         return int(dist.get_rank())
     value = os.environ.get("RANK", "0").strip() or "0"
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):  # isdigit alone accepts "¹"
         raise ValueError(
             f"RANK={value!r} in the environment is not a rank: expected a non-negative "
             "integer (the launcher sets it; unset it to run as rank 0)"

@@ -80,16 +80,19 @@ def make_storage_private(module: nn.Module) -> None:
     """
     for sub in module.modules():
         for param in sub.parameters(recurse=False):
-            if _in_shared_memory(param):
+            if in_shared_memory(param):
                 param.data = param.data.clone()
         for name, buffer in sub.named_buffers(recurse=False):
-            if _in_shared_memory(buffer):
+            if in_shared_memory(buffer):
                 sub._buffers[name] = buffer.clone()
 
 
-def _in_shared_memory(tensor: torch.Tensor) -> bool:
+def in_shared_memory(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s CPU storage is in shared memory (another process may write
+    it). A sharded tensor (DTensor) is never: its shards were allocated by this rank."""
     # is_shared() is always true for CUDA tensors: only CPU storage is in question
-    return tensor.device.type == "cpu" and bool(tensor.is_shared())  # type: ignore[no-untyped-call]
+    return (not isinstance(tensor, DTensor) and tensor.device.type == "cpu"
+            and bool(tensor.is_shared()))  # type: ignore[no-untyped-call]
 
 
 @torch.no_grad()
