@@ -30,6 +30,11 @@ def pytest_addoption(parser: Any) -> None:
                     help="test ids (prefixes) to skip, one per line, '#' comments")
     group.addoption("--interlock-xfails-file", default=None, metavar="PATH",
                     help="test ids (prefixes) expected to fail (strict), one per line")
+    group.addoption("--interlock-allow-missing-runner", action="store_true", default=False,
+                    help="a requested runner this machine lacks, or a strategy with "
+                    "nothing to check here, is reported instead of failing the run")
+    group.addoption("--interlock-keep-workdir", action="store_true", default=False,
+                    help="keep the temporary directory with the drivers' logs")
 
 
 def pytest_configure(config: Any) -> None:

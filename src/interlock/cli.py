@@ -7,6 +7,7 @@ import dataclasses
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from interlock.connector.errors import ResolutionError
 from interlock.connector.machine import OPTIONAL_PACKAGES, START_METHODS, Machine
@@ -211,7 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "a summary; extra arguments after -- go to pytest.")
     c.add_argument("--strategy", action="append", required=True, metavar="NAME",
                    help="a registered strategy (repeatable), or 'all'")
-    c.add_argument("--runner", default="auto", choices=("auto", "cpu", "cuda", "tpu"))
+    c.add_argument("--runner", default="auto", choices=("auto", "cpu", "cuda", "tpu"),
+                   help="auto: every runner this machine has; a runner named here that "
+                   "the machine lacks fails the run (see --allow-missing-runner)")
     c.add_argument("--world-sizes", default="1,2", metavar="N,M")
     c.add_argument("--precisions", metavar="P,Q", help="only these declared precisions")
     c.add_argument("--report", metavar="PATH", help="write the JSON report here")
@@ -221,38 +224,75 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--xfails-file", metavar="PATH")
     c.add_argument("--workers", type=int, default=0,
                    help="run launches in parallel in N pytest-xdist workers")
+    c.add_argument("--allow-missing-runner", action="store_true",
+                   help="a requested runner this machine lacks, or a strategy with "
+                   "nothing to check here (a missing package), is reported instead of "
+                   "failing the run")
+    c.add_argument("--keep-workdir", action="store_true",
+                   help="keep the temporary directory with the drivers' logs")
     c.add_argument("pytest_args", nargs="*", help=argparse.SUPPRESS)
     c.set_defaults(func=cmd_conformance)
     return parser
 
 
 def cmd_conformance(args: argparse.Namespace) -> int:
-    """``pytest --pyargs interlock.conformance`` with the suite's options."""
+    """``pytest --pyargs interlock.conformance`` with the suite's options, under the
+    suite's own pytest settings wherever it is started: the options are checked first
+    (a bad one is a one-line usage error), and no project configuration
+    (``pytest.ini``, ``pyproject.toml``, ``PYTEST_ADDOPTS``) reaches the run."""
     import importlib.util
     import os
+    import tempfile
 
     import pytest
 
-    argv = ["--pyargs", "interlock.conformance", "-q", "-p", "no:cacheprovider",
-            "-o", "addopts=", "-o", "python_files=test_*.py",
-            "--interlock-runner", args.runner, "--interlock-world-sizes", args.world_sizes]
-    for name in args.strategy:
-        argv += ["--interlock-strategy", name]
-    for module in args.imports:
-        argv += ["--interlock-import", module]
-    for option, value in (("--interlock-precisions", args.precisions),
-                          ("--interlock-report", args.report),
-                          ("--interlock-skips-file", args.skips_file),
-                          ("--interlock-xfails-file", args.xfails_file)):
-        if value:
-            argv += [option, value]
-    if args.workers > 0:
-        if importlib.util.find_spec("xdist") is None:
-            raise UsageError("--workers needs pytest-xdist (pip install pytest-xdist)")
-        argv += ["-n", str(args.workers), "--dist", "loadgroup"]
-    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
-        argv += ["-p", "_interlock_conformance_pytest"]
-    return int(pytest.main(argv + list(args.pytest_args)))
+    from interlock.conformance.options import OptionError, check_workers, validate
+
+    try:
+        validate(strategies=args.strategy, runner=args.runner, world_sizes=args.world_sizes,
+                 precisions=args.precisions, imports=args.imports,
+                 skips_file=args.skips_file, xfails_file=args.xfails_file,
+                 report=args.report)
+        workers = check_workers(args.workers)
+    except OptionError as error:
+        raise UsageError(str(error)) from None
+    if workers > 0 and importlib.util.find_spec("xdist") is None:
+        raise UsageError("--workers needs pytest-xdist (pip install pytest-xdist)")
+    with tempfile.TemporaryDirectory(prefix="interlock-suite-config-") as config_dir:
+        # an empty configuration file of the suite's own: pytest then reads no project
+        # configuration, and its root directory is not the project's
+        ini = Path(config_dir, "pytest.ini")
+        ini.write_text("[pytest]\n")
+        argv = ["--pyargs", "interlock.conformance", "-q", "-c", str(ini),
+                "--rootdir", config_dir, "-p", "no:cacheprovider", "-p", "no:typeguard",
+                "-o", "python_files=test_*.py",
+                "--interlock-runner", args.runner, "--interlock-world-sizes",
+                args.world_sizes]
+        for name in args.strategy:
+            argv += ["--interlock-strategy", name]
+        for module in args.imports:
+            argv += ["--interlock-import", module]
+        for option, value in (("--interlock-precisions", args.precisions),
+                              ("--interlock-report", args.report),
+                              ("--interlock-skips-file", args.skips_file),
+                              ("--interlock-xfails-file", args.xfails_file)):
+            if value:
+                argv += [option, str(Path(value).absolute()) if option != (
+                    "--interlock-precisions") else value]
+        if args.allow_missing_runner:
+            argv.append("--interlock-allow-missing-runner")
+        if args.keep_workdir:
+            argv.append("--interlock-keep-workdir")
+        if workers > 0:
+            argv += ["-n", str(workers), "--dist", "loadgroup"]
+        if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+            argv += ["-p", "_interlock_conformance_pytest"]
+        addopts = os.environ.pop("PYTEST_ADDOPTS", None)
+        try:
+            return int(pytest.main(argv + list(args.pytest_args)))
+        finally:
+            if addopts is not None:
+                os.environ["PYTEST_ADDOPTS"] = addopts
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from interlock.conformance.checks import ANY_PRECISION, CHECKS
+from interlock.conformance.options import SuiteOptions
 from interlock.connector.registry import (
     EntryPointStatus,
     broken_entry_points,
     strategy_specs,
 )
 from interlock.connector.specs import StrategySpec
-from interlock.connector.tables import ACCELERATOR_ROWS
+from interlock.connector.tables import ACCELERATOR_ROWS, INSTALL_HINTS, PRECISION_ROWS
 
 #: runner name -> the accelerator it runs strategies on
 RUNNERS: dict[str, str] = {"cpu": "cpu", "cuda": "cuda", "tpu": "xla"}
@@ -99,23 +100,47 @@ def broken_entry_points_asked(names: Iterable[str]) -> list[EntryPointStatus]:
             if "all" in wanted or any(n in wanted and n not in specs for n in ep.strategies)]
 
 
-def precisions_for(spec: StrategySpec, runner: str,
-                   only: Sequence[str] | None = None) -> list[str]:
-    """The declared precisions the runner's accelerator supports (32-true first)."""
+def precision_unavailable(precision: str) -> str | None:
+    """Why ``precision`` cannot run here for want of a package, or None."""
+    missing = [p for p in PRECISION_ROWS[precision].requires
+               if importlib.util.find_spec(p) is None]
+    if not missing:
+        return None
+    return (f"{precision} needs {', '.join(missing)}, which is not installed here ("
+            + "; ".join(INSTALL_HINTS.get(p, f"pip install {p}") for p in missing) + ")")
+
+
+def precisions_for(spec: StrategySpec, runner: str, only: Sequence[str] | None = None,
+                   include_unavailable: bool = False) -> list[str]:
+    """The declared precisions the runner's accelerator supports (32-true first), less
+    those whose package is missing unless ``include_unavailable`` (the cases list them,
+    skipped with the reason; the driver never runs them)."""
     accelerator = ACCELERATOR_ROWS[RUNNERS[runner]]
-    chosen = [p for p in sorted(spec.precisions & accelerator.precisions)
-              if only is None or p in only]
+    chosen = [p for p in sorted(spec.precisions_on(accelerator.name) & accelerator.precisions)
+              if (only is None or p in only)
+              and (include_unavailable or precision_unavailable(p) is None)]
     return sorted(chosen, key=lambda p: (p != "32-true", p))
+
+
+def missing_packages(spec: StrategySpec) -> str | None:
+    """Why the strategy cannot run here for want of a package it requires, or None."""
+    missing = [p for p in spec.requires if importlib.util.find_spec(p) is None]
+    if not missing:
+        return None
+    hints = "; ".join(f"{p}: {INSTALL_HINTS.get(p, f'pip install {p}')}" for p in missing)
+    return f"{spec.name} needs {', '.join(missing)}, which is not installed here ({hints})"
 
 
 def cases_for(spec: StrategySpec, runner: str, world_sizes: Sequence[int],
               only_precisions: Sequence[str] | None = None) -> list[Case]:
     accelerator = RUNNERS[runner]
     devices, unavailable = runner_devices(runner)
+    if unavailable is None and accelerator in spec.accelerators:
+        unavailable = missing_packages(spec)
     out = [Case(spec.name, runner, None, ANY_PRECISION, "declaration",
                 skip=None if accelerator in spec.accelerators else
                 f"{spec.name} does not declare the {accelerator} accelerator")]
-    precisions = precisions_for(spec, runner, only_precisions)
+    precisions = precisions_for(spec, runner, only_precisions, include_unavailable=True)
     for world_size in world_sizes:
         skip = unavailable
         if skip is None and accelerator not in spec.accelerators:
@@ -126,11 +151,77 @@ def cases_for(spec: StrategySpec, runner: str, world_sizes: Sequence[int],
         if skip is None and world_size > devices:
             skip = f"the {runner} runner has {devices} device(s), fewer than {world_size}"
         if skip is None and not precisions:
-            skip = "none of the strategy's precisions runs on this runner"
+            skip = (f"{spec.name} declares none of the precisions asked for "
+                    f"({', '.join(only_precisions)}) on the {runner} runner"
+                    if only_precisions else
+                    "none of the strategy's precisions runs on this runner")
+        if skip is None and precisions and all(precision_unavailable(p) for p in precisions):
+            skip = precision_unavailable(precisions[0])
         for check in CHECKS:
             if check.where == "declaration":
                 continue
             labels = precisions if check.where == "rank" else [ANY_PRECISION]
             for precision in labels or [ANY_PRECISION]:
-                out.append(Case(spec.name, runner, world_size, precision, check.id, skip))
+                why = skip or (None if precision == ANY_PRECISION
+                               else precision_unavailable(precision))
+                out.append(Case(spec.name, runner, world_size, precision, check.id, why))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """What one run of the suite checks.
+
+    Attributes:
+        cases: every test item, skipped ones with their reason.
+        runners: the runners the run uses.
+        not_here: strategies that ``all`` left out, with the reason (none of their
+            accelerators has a runner here, or a package they need is missing).
+        explicit_runner: whether the runner was named (not ``auto``).
+        declared: the (strategy, runner) pairs whose strategy declares the runner's
+            accelerator.
+    """
+
+    cases: list[Case]
+    runners: list[str]
+    not_here: dict[str, str] = field(default_factory=dict)
+    explicit_runner: bool = False
+    declared: frozenset[tuple[str, str]] = frozenset()
+
+
+def select(options: SuiteOptions) -> Selection:
+    """The cases for validated options.
+
+    ``all`` takes every registered strategy (presets excluded) that declares the
+    accelerator of one of the runners and whose packages are installed; the others are
+    listed in ``not_here``. A strategy named explicitly is always scheduled: when
+    nothing can run for it, its cases are skipped with the reason and the run's verdict
+    says so.
+    """
+    runners = available_runners() if options.runner == "auto" else [options.runner]
+    explicit = [n for n in options.strategies if n != "all"]
+    chosen = resolve_strategies(explicit)
+    not_here: dict[str, str] = {}
+    if "all" in options.strategies:
+        for spec in resolve_strategies(["all"]):
+            if spec in chosen:
+                continue
+            accelerators = {RUNNERS[r] for r in runners}
+            why = (None if spec.accelerators & accelerators else
+                   f"runs on {', '.join(sorted(spec.accelerators))}; the runners here "
+                   f"({', '.join(runners) or 'none'}) run "
+                   f"{', '.join(sorted(accelerators)) or 'nothing'}")
+            why = why or missing_packages(spec)
+            if why is None:
+                chosen.append(spec)
+            else:
+                not_here[spec.name] = why
+    names = list(options.strategies)
+    broken = [Case(ep.name, r, None, ANY_PRECISION, "declaration")
+              for ep in broken_entry_points_asked(names) for r in runners]
+    cases = broken + [case for spec in chosen for r in runners
+                      for case in cases_for(spec, r, options.world_sizes, options.precisions)]
+    declared = frozenset((s.name, r) for s in chosen for r in runners
+                         if RUNNERS[r] in s.accelerators)
+    return Selection(cases, runners, not_here, explicit_runner=options.runner != "auto",
+                     declared=declared)

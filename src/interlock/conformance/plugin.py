@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +27,14 @@ from typing import Any
 import pytest
 
 from interlock.conformance.cases import Case
-from interlock.conformance.report import Record, summary_table, write_report
+from interlock.conformance.report import (
+    Record,
+    Verdict,
+    clip_message,
+    summary_table,
+    verdicts,
+    write_report,
+)
 
 #: how long one driver launch may take before its cases fail
 DRIVER_TIMEOUT_S = 900
@@ -38,20 +46,38 @@ def activate(config: pytest.Config) -> None:
 
 
 class SuiteState:
-    """What one test session of the suite knows: its options, driver results, records."""
+    """What one test session of the suite knows: its options, the cases, driver results
+    and records."""
 
     def __init__(self, config: pytest.Config) -> None:
-        import importlib
+        from interlock.conformance.cases import select
+        from interlock.conformance.options import OptionError, validate
 
         self.config = config
-        self.imports: list[str] = config.getoption("--interlock-import")
-        for module in self.imports:
-            importlib.import_module(module)
-        self.skips = _read_ids(config.getoption("--interlock-skips-file"))
-        self.xfails = _read_ids(config.getoption("--interlock-xfails-file"))
+        try:
+            self.options = validate(
+                strategies=config.getoption("--interlock-strategy"),
+                runner=config.getoption("--interlock-runner"),
+                world_sizes=config.getoption("--interlock-world-sizes"),
+                precisions=config.getoption("--interlock-precisions"),
+                imports=config.getoption("--interlock-import"),
+                skips_file=config.getoption("--interlock-skips-file"),
+                xfails_file=config.getoption("--interlock-xfails-file"),
+                report=config.getoption("--interlock-report"),
+                allow_missing=config.getoption("--interlock-allow-missing-runner"),
+                keep_workdir=config.getoption("--interlock-keep-workdir"),
+            )
+        except OptionError as error:
+            raise pytest.UsageError(str(error)) from None
+        self.selection = select(self.options)
         self.results: dict[str, dict[tuple[str, str], dict[str, str]]] = {}
         self.records: list[Record] = []
+        self.verdicts: list[Verdict] = []
         self.workdir = Path(tempfile.mkdtemp(prefix="interlock-conformance-"))
+
+    @property
+    def imports(self) -> tuple[str, ...]:
+        return self.options.imports
 
     def result(self, case: Case) -> dict[str, str]:
         """The driver's record for ``case``, launching its group's driver if needed."""
@@ -66,8 +92,7 @@ class SuiteState:
         from interlock.conformance.cases import RUNNERS, precisions_for, resolve_strategies
 
         spec = resolve_strategies([case.strategy])[0]
-        only = self.config.getoption("--interlock-precisions")
-        precisions = precisions_for(spec, case.runner, only.split(",") if only else None)
+        precisions = precisions_for(spec, case.runner, self.options.precisions)
         workdir = self.workdir / case.group
         out = workdir / "records.json"
         command = [sys.executable, "-m", "interlock.conformance.driver",
@@ -96,6 +121,13 @@ class SuiteState:
         records = json.loads(out.read_text())
         return {(r["precision"], r["check"]): r for r in records}
 
+    def cleanup(self) -> None:
+        """Remove the work directory (drivers' logs and checkpoints) unless asked to
+        keep it."""
+        if self.options.keep_workdir:
+            return
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
 
 class _AllFailed(dict[tuple[str, str], dict[str, str]]):
     def __init__(self, message: str) -> None:
@@ -118,20 +150,6 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
     process.wait()
 
 
-def _read_ids(path: str | None) -> list[str]:
-    if not path:
-        return []
-    ids = []
-    for line in Path(path).read_text().splitlines():
-        entry = line.split("#", 1)[0].strip()
-        if entry:
-            # a full node id works too: keep what is inside the brackets
-            if "[" in entry:
-                entry = entry.split("[", 1)[1].rstrip("]")
-            ids.append(entry)
-    return ids
-
-
 STATE = pytest.StashKey[SuiteState]()
 
 
@@ -144,8 +162,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if state is None:
         return
     ids = [item.callspec.id for item in items if hasattr(item, "callspec")]
-    for entry, kind in [(e, "skips") for e in state.skips] + [(e, "xfails")
-                                                              for e in state.xfails]:
+    skips, xfails = state.options.skips, state.options.xfails
+    for entry, kind in [(e, "skips") for e in skips] + [(e, "xfails") for e in xfails]:
         if not any(i.startswith(entry) for i in ids):
             warnings.warn(f"interlock {kind} file: {entry!r} matches no test id",
                           stacklevel=1)
@@ -159,9 +177,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "precision": case.precision, "check": case.check,
         }))
         case_id = item.callspec.id
-        if any(case_id.startswith(e) for e in state.skips):
+        if any(case_id.startswith(e) for e in skips):
             item.add_marker(pytest.mark.skip(reason="listed in the skips file"))
-        elif any(case_id.startswith(e) for e in state.xfails):
+        elif any(case_id.startswith(e) for e in xfails):
             item.add_marker(pytest.mark.xfail(reason="listed in the xfails file", strict=True))
 
 
@@ -188,7 +206,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.skipped and isinstance(report.longrepr, tuple):
         message = str(report.longrepr[2]).removeprefix("Skipped: ")
     elif report.failed:
-        message = str(report.longrepr)[-2000:]
+        message = clip_message(str(report.longrepr))
     config_state.records.append(Record(**case, status=status, message=message))
 
 
@@ -202,14 +220,43 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         _STATE_FOR_REPORTS["state"] = state
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A run whose verdicts are not all good fails, even when no item failed: a
+    strategy or a requested runner with nothing checked (unless allowed)."""
+    state = suite_state(session.config)
+    if state is None or hasattr(session.config, "workerinput"):
+        return
+    state.verdicts = verdicts(state.records, state.selection, state.options.allow_missing)
+    if session.exitstatus == 0 and any(v.fails for v in state.verdicts):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    state = suite_state(config)
+    if state is not None:
+        state.cleanup()
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
                             config: pytest.Config) -> None:
     state = suite_state(config)
     if state is None or hasattr(config, "workerinput"):
         return
     terminalreporter.write_sep("=", "interlock conformance")
-    terminalreporter.write_line(summary_table(state.records))
-    path = config.getoption("--interlock-report")
-    if path:
-        write_report(Path(path), state.records)
+    terminalreporter.write_line(summary_table(state.verdicts))
+    for name, why in sorted(state.selection.not_here.items()):
+        terminalreporter.write_line(f"not run here: {name}: {why}")
+    bad = [v for v in state.verdicts if v.fails]
+    for verdict in bad:
+        terminalreporter.write_line(f"FAILED {verdict.strategy} on {verdict.runner}: "
+                                    f"{verdict.verdict}: {verdict.reason}")
+    if state.options.keep_workdir:
+        terminalreporter.write_line(f"work directory kept: {state.workdir}")
+    path = state.options.report
+    if path is not None and exitstatus == pytest.ExitCode.INTERRUPTED:
+        # a partial run would verify cells on part of the evidence
+        terminalreporter.write_line(f"the run was interrupted: no report written to {path}")
+    elif path is not None:
+        write_report(path, state.records, state.verdicts, state.selection.runners)
         terminalreporter.write_line(f"report: {path}")

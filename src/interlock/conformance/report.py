@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import platform
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from interlock.conformance.cases import Selection
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -20,7 +24,7 @@ class Record:
     world_size: str  # "1", "2", ... or "*" for the declaration
     precision: str  # a canonical precision, or "*" for checks that do not depend on it
     check: str
-    status: str  # passed, failed, skipped, xfailed
+    status: str  # passed, failed, skipped, xfailed, not run
     message: str = ""
 
 
@@ -36,8 +40,124 @@ def machine() -> dict[str, Any]:
     }
 
 
-def write_report(path: Path, records: list[Record]) -> None:
-    """Write the JSON report atomically: versions, machine, and every record."""
+#: failure messages longer than this keep their head and their end
+MESSAGE_LIMIT = 4000
+
+
+def clip_message(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """``text`` whole when short; otherwise its head (strategy, check, rank and first
+    problem) and its end (the innermost error), with the cut said in between."""
+    if len(text) <= limit:
+        return text
+    head, tail = limit * 3 // 4, limit // 4
+    return (f"{text[:head]}\n[... {len(text) - head - tail} characters cut ...]\n"
+            f"{text[-tail:]}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verdict:
+    """The outcome of one strategy on one runner, over every world size and precision.
+
+    Attributes:
+        verdict: ``"passed"`` (at least one check beyond the declaration ran and passed,
+            none failed), ``"failed"`` (a check failed or did not run), ``"nothing
+            checked"`` (every check was skipped) or ``"not applicable"`` (the strategy
+            does not run on the runner's accelerator, and another runner checked it).
+        reason: why, for every verdict but passed.
+        fails: whether this verdict fails the run.
+    """
+
+    strategy: str
+    runner: str
+    passed: int
+    failed: int
+    skipped: int
+    xfailed: int
+    not_run: int
+    verdict: str
+    reason: str = ""
+    fails: bool = False
+
+
+def verdicts(records: list[Record], selection: Selection,
+             allow_missing: bool = False) -> list[Verdict]:
+    """One verdict per (strategy, runner) the selection scheduled.
+
+    A strategy with nothing checked on a runner fails the run, unless
+    ``allow_missing`` or the runner was chosen automatically and the strategy does
+    not run on its accelerator but passed on another runner.
+    """
+    by_pair: dict[tuple[str, str], list[Record]] = {}
+    for case in selection.cases:
+        by_pair.setdefault((case.strategy, case.runner), [])
+    for r in records:
+        by_pair.setdefault((r.strategy, r.runner), []).append(r)
+    passed_somewhere = set()
+    out: list[Verdict] = []
+    for (strategy, runner), group in sorted(by_pair.items()):
+        counts = Counter(r.status for r in group)
+        launched = [r for r in group if r.check != "declaration"]
+        bad = [r for r in group if r.status in ("failed", "not run")]
+        if bad:
+            verdict = "failed"
+            reason = "failed: " + ", ".join(sorted({_label(r) for r in bad}))[:300]
+        elif any(r.status == "passed" for r in launched):
+            verdict, reason = "passed", ""
+            passed_somewhere.add(strategy)
+        else:
+            verdict = "nothing checked"
+            skips = Counter(r.message for r in launched if r.status == "skipped")
+            reason = skips.most_common(1)[0][0] if skips else "no check ran"
+        out.append(Verdict(strategy=strategy, runner=runner, passed=counts["passed"],
+                           failed=counts["failed"], skipped=counts["skipped"],
+                           xfailed=counts["xfailed"], not_run=counts["not run"],
+                           verdict=verdict, reason=reason))
+    final = []
+    for v in out:
+        fails = v.verdict == "failed"
+        if v.verdict == "nothing checked":
+            other_runner = (not selection.explicit_runner
+                            and (v.strategy, v.runner) not in selection.declared
+                            and v.strategy in passed_somewhere)
+            if other_runner:
+                v = Verdict(**{**_fields(v), "verdict": "not applicable"})
+            else:
+                fails = not allow_missing
+        final.append(Verdict(**{**_fields(v), "fails": fails}))
+    return final
+
+
+def _fields(v: Verdict) -> dict[str, Any]:
+    return {f: getattr(v, f) for f in v.__dataclass_fields__}
+
+
+def _label(r: Record) -> str:
+    where = "" if r.world_size == "*" else f"w{r.world_size} "
+    return where + (r.check if r.precision == "*" else f"{r.check}[{r.precision}]")
+
+
+def runner_hosts(runners: list[str]) -> dict[str, str]:
+    """Where each runner was exercised: ``cpu``; the CUDA device's name; ``tpu``, or
+    ``xla-cpu`` when torch_xla ran on its CPU PJRT device."""
+    hosts = {}
+    for runner in runners:
+        if runner == "cuda":
+            import torch
+
+            hosts[runner] = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
+                             else "cuda (no device)")
+        elif runner == "tpu":
+            device = os.environ.get("PJRT_DEVICE", "TPU").lower()
+            hosts[runner] = "tpu" if device == "tpu" else f"xla-{device}"
+        else:
+            hosts[runner] = runner
+    return hosts
+
+
+def write_report(path: Path, records: list[Record], verdict_list: list[Verdict] | None = None,
+                 runners: list[str] | None = None) -> None:
+    """Write the JSON report atomically: versions, machine, date, where each runner ran,
+    the verdicts and every record."""
     import torch
 
     from interlock import __version__
@@ -45,7 +165,13 @@ def write_report(path: Path, records: list[Record]) -> None:
     report = {
         "interlock": __version__,
         "torch": torch.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
         "machine": machine(),
+        "runners": runner_hosts(runners or sorted({r.runner for r in records})),
+        "verdicts": [
+            {"strategy": v.strategy, "runner": v.runner, "verdict": v.verdict,
+             "reason": v.reason} for v in verdict_list or []
+        ],
         "records": [asdict(r) for r in sorted(
             records, key=lambda r: (r.strategy, r.runner, r.world_size, r.precision, r.check)
         )],
@@ -56,23 +182,15 @@ def write_report(path: Path, records: list[Record]) -> None:
     temp.replace(path)
 
 
-def summary_table(records: list[Record]) -> str:
-    """One row per (strategy, runner, world size): passed/failed/skipped counts and the
-    failed checks."""
+def summary_table(verdict_list: list[Verdict]) -> str:
+    """One row per (strategy, runner): checks passed / failed / skipped / xfailed / not
+    run over every world size and precision, and the verdict."""
     from tabulate import tabulate
 
-    groups: dict[tuple[str, str, str], Counter[str]] = {}
-    failed: dict[tuple[str, str, str], list[str]] = {}
-    for r in records:
-        key = (r.strategy, r.runner, r.world_size)
-        groups.setdefault(key, Counter())[r.status] += 1
-        if r.status == "failed":
-            failed.setdefault(key, []).append(
-                r.check if r.precision == "*" else f"{r.check}[{r.precision}]")
     rows = [
-        [s, runner, w, c["passed"], c["failed"], c["skipped"], c["xfailed"],
-         ", ".join(failed.get((s, runner, w), []))[:80]]
-        for (s, runner, w), c in sorted(groups.items())
+        [v.strategy, v.runner, v.passed, v.failed, v.skipped, v.xfailed, v.not_run,
+         v.verdict if v.verdict == "passed" else f"{v.verdict}: {v.reason}"[:90]]
+        for v in verdict_list
     ]
-    return tabulate(rows, headers=["strategy", "runner", "world", "passed", "failed",
-                                   "skipped", "xfailed", "failed checks"])
+    return tabulate(rows, headers=["strategy", "runner", "passed", "failed", "skipped",
+                                   "xfailed", "not run", "verdict"])

@@ -8,44 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-from interlock.conformance.cases import (
-    RUNNERS,
-    Case,
-    available_runners,
-    broken_entry_points_asked,
-    cases_for,
-    resolve_strategies,
-)
-from interlock.conformance.checks import ANY_PRECISION
+from interlock.conformance.cases import Case
 from interlock.conformance.declaration import check_declaration
 from interlock.conformance.plugin import suite_state
 
 
 def _cases(config: pytest.Config) -> list[Case]:
-    names = config.getoption("--interlock-strategy", default=[])
-    if not names:
-        return []
-    runner = config.getoption("--interlock-runner")
-    if runner == "auto":
-        runners = available_runners()
-    elif runner in RUNNERS:
-        runners = [runner]
-    else:
-        raise pytest.UsageError(f"--interlock-runner {runner!r}: choose cpu, cuda, tpu or auto")
-    try:
-        sizes = [int(w) for w in config.getoption("--interlock-world-sizes").split(",")]
-    except ValueError as error:
-        raise pytest.UsageError(f"--interlock-world-sizes: {error}") from None
-    only = config.getoption("--interlock-precisions")
-    try:
-        specs = resolve_strategies(names)
-    except ValueError as error:
-        raise pytest.UsageError(str(error)) from None
-    # an entry point that failed to load fails its declaration on every runner
-    broken = [Case(ep.name, r, None, ANY_PRECISION, "declaration")
-              for ep in broken_entry_points_asked(names) for r in runners]
-    return broken + [case for spec in specs for r in runners
-                     for case in cases_for(spec, r, sizes, only.split(",") if only else None)]
+    state = suite_state(config)
+    return [] if state is None else state.selection.cases
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

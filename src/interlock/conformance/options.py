@@ -1,0 +1,196 @@
+"""The suite's options, checked before anything runs.
+
+Both ways in (``interlock conformance`` and ``pytest --interlock-strategy ...``) pass
+their raw option values through :func:`validate`, which either returns a typed
+:class:`SuiteOptions` or raises :class:`OptionError` with one line that names the
+option, what was wrong and what is accepted. The command prints that line and exits
+with 2; pytest reports it as a usage error. Nothing is imported, launched or written
+before the options are known to be good.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+#: runner names the options accept (``auto``: every runner this machine has)
+RUNNER_CHOICES: tuple[str, ...] = ("auto", "cpu", "cuda", "tpu")
+#: the largest world size the suite launches: every rank is a process on one machine
+MAX_WORLD_SIZE = 64
+#: pytest-xdist workers at most (each runs one driver launch at a time)
+MAX_WORKERS = 64
+
+
+class OptionError(ValueError):
+    """An option the suite cannot run with (the message is one line)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SuiteOptions:
+    """What one run of the suite was asked for, validated.
+
+    Attributes:
+        strategies: the names given (``all`` kept as such; expanded by the cases).
+        runner: ``auto`` or one runner name.
+        world_sizes: distinct positive world sizes, in the order given.
+        precisions: canonical precision names to restrict to, or None for every
+            declared one.
+        imports: modules imported to register strategies (already imported).
+        skips, xfails: test-id prefixes read from the skips and xfails files.
+        report: where the JSON report goes, or None.
+        allow_missing: a requested runner this machine lacks, or a strategy whose
+            required packages are missing, is recorded as skipped instead of failing
+            the run.
+        keep_workdir: keep the temporary directory with the drivers' logs.
+    """
+
+    strategies: tuple[str, ...]
+    runner: str
+    world_sizes: tuple[int, ...]
+    precisions: tuple[str, ...] | None
+    imports: tuple[str, ...] = ()
+    skips: tuple[str, ...] = ()
+    xfails: tuple[str, ...] = ()
+    report: Path | None = None
+    allow_missing: bool = False
+    keep_workdir: bool = False
+
+
+def validate(
+    *,
+    strategies: Sequence[str],
+    runner: str,
+    world_sizes: str,
+    precisions: str | None,
+    imports: Sequence[str] = (),
+    skips_file: str | None = None,
+    xfails_file: str | None = None,
+    report: str | None = None,
+    allow_missing: bool = False,
+    keep_workdir: bool = False,
+) -> SuiteOptions:
+    """Check every option; import the ``imports`` (they may register strategies that
+    the strategy names refer to).
+
+    Raises:
+        OptionError: one line naming the option and what it accepts.
+    """
+    if runner not in RUNNER_CHOICES:
+        raise OptionError(f"--runner {runner!r}: choose one of {', '.join(RUNNER_CHOICES)}")
+    sizes = _world_sizes(world_sizes)
+    chosen_precisions = _precisions(precisions)
+    for module in imports:
+        _import(module)
+    names = _strategies(strategies)
+    return SuiteOptions(
+        strategies=names, runner=runner, world_sizes=sizes, precisions=chosen_precisions,
+        imports=tuple(imports), skips=_read_ids("--skips-file", skips_file),
+        xfails=_read_ids("--xfails-file", xfails_file), report=_report(report),
+        allow_missing=allow_missing, keep_workdir=keep_workdir,
+    )
+
+
+def check_workers(workers: int) -> int:
+    """The number of pytest-xdist workers (0: none)."""
+    if not 0 <= workers <= MAX_WORKERS:
+        raise OptionError(f"--workers {workers}: expected 0 (run in this process) to "
+                          f"{MAX_WORKERS}")
+    return workers
+
+
+def _world_sizes(text: str) -> tuple[int, ...]:
+    sizes: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not (part.isascii() and part.isdigit()) or len(part) > 4:
+            raise OptionError(f"--world-sizes {text!r}: expected comma-separated whole "
+                              f"numbers from 1 to {MAX_WORLD_SIZE}, e.g. 1,2")
+        size = int(part)
+        if not 1 <= size <= MAX_WORLD_SIZE:
+            raise OptionError(f"--world-sizes {text!r}: {size} is not a world size the "
+                              f"suite launches (1 to {MAX_WORLD_SIZE} processes)")
+        if size not in sizes:
+            sizes.append(size)
+    return tuple(sizes)
+
+
+def _precisions(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    from interlock.connector.tables import PRECISION_NAMES
+
+    chosen: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if part not in PRECISION_NAMES:
+            close = difflib.get_close_matches(part, PRECISION_NAMES, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise OptionError(f"--precisions: unknown precision {part!r}{hint}; the "
+                              f"suite's precisions are {', '.join(PRECISION_NAMES)}")
+        if part not in chosen:
+            chosen.append(part)
+    return tuple(chosen)
+
+
+def _import(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except Exception as error:  # any failure is the module's own
+        first = str(error).splitlines()[0] if str(error) else ""
+        raise OptionError(f"--import {module!r}: importing it failed with "
+                          f"{type(error).__name__}: {first}") from None
+
+
+def _strategies(names: Sequence[str]) -> tuple[str, ...]:
+    from interlock.connector.registry import broken_entry_points, strategy_specs
+
+    if not names:
+        raise OptionError("--strategy: name at least one registered strategy, or 'all'")
+    specs = strategy_specs()
+    broken = {n for ep in broken_entry_points() for n in ep.strategies}
+    for name in names:
+        if name == "all" or name in specs or name in broken:
+            continue
+        close = difflib.get_close_matches(name, list(specs), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise OptionError(f"--strategy: unknown strategy {name!r}{hint}; `interlock "
+                          "strategies` lists the registered ones (a third-party one may "
+                          "need --import MODULE)")
+    return tuple(dict.fromkeys(names))
+
+
+def _read_ids(option: str, path: str | None) -> tuple[str, ...]:
+    """Test-id prefixes from a skips or xfails file: one per line, ``#`` comments; a
+    full node id works too (what is inside its brackets is kept)."""
+    if not path:
+        return ()
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise OptionError(f"{option} {path!r}: cannot be read: {reason}") from None
+    ids = []
+    for line in text.splitlines():
+        entry = line.split("#", 1)[0].strip()
+        if entry:
+            if "[" in entry:
+                entry = entry.split("[", 1)[1].rstrip("]")
+            ids.append(entry)
+    return tuple(ids)
+
+
+def _report(path: str | None) -> Path | None:
+    if not path:
+        return None
+    target = Path(path)
+    if target.is_dir():
+        raise OptionError(f"--report {path!r}: is a directory; give a file path")
+    parent = target.parent if str(target.parent) else Path(".")
+    existing = next((p for p in (parent, *parent.parents) if p.exists()), Path("."))
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise OptionError(f"--report {path!r}: cannot be written ({existing} is not a "
+                          "writable directory)")
+    return target
