@@ -6,9 +6,9 @@ fixtures, not examples: they subclass DDPStrategy to change one behaviour each.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -19,6 +19,9 @@ import interlock
 from interlock.connector.builtin import BUILTIN_STRATEGIES
 from interlock.connector.registry import strategy_specs
 from interlock.strategies.ddp import DDPStrategy
+from interlock.strategies.module_wrapper import unwrap
+
+T = TypeVar("T")
 
 
 class SumsGradients(DDPStrategy):
@@ -94,6 +97,55 @@ class CompressesUndeclared(DDPStrategy):
         return ddp
 
 
+class TearsDownOnce(DDPStrategy):
+    """teardown destroys the process group without asking whether one still exists, so
+    a second teardown raises."""
+
+    def teardown(self) -> None:
+        dist.destroy_process_group()
+        self._collective._created = False  # destroyed here already
+        super().teardown()
+
+
+class ShardsNoData(DDPStrategy):
+    """setup_dataloader hands the loader back as it is: every rank reads the whole
+    dataset (the forgotten distributed sampler)."""
+
+    def setup_dataloader(self, loader: Any, *, move_to_device: bool = True,
+                         evaluation: bool = False) -> Any:
+        return loader
+
+
+class PrintsOnEveryRank(DDPStrategy):
+    """strategy.print writes on every rank, not on rank 0 only."""
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        print(*args, **kwargs)
+
+
+class LoadsHalfway(DDPStrategy):
+    """load_checkpoint restores the modules before it checks that every entry asked
+    for is in the checkpoint, so a refused load leaves them half-loaded."""
+
+    def load_checkpoint(self, path: str | Path, state: dict[str, Any],
+                        *, weights_only: bool = True) -> dict[str, Any]:
+        saved = self.checkpoint_io.load_checkpoint(path, map_location="cpu",
+                                                   weights_only=weights_only)
+        for name, target in state.items():
+            if isinstance(target, nn.Module) and name in saved:
+                unwrap(target).load_state_dict(saved[name])
+        return super().load_checkpoint(path, state, weights_only=weights_only)
+
+
+class DropsResult(DDPStrategy):
+    """launch runs the function in every rank but returns None instead of rank 0's
+    result."""
+
+    def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        super().launch(fn, *args, **kwargs)
+        return cast(T, None)
+
+
 class _Emptied(dict[str, Any]):
     """A plain state dict standing in for an optimizer when saving."""
 
@@ -105,6 +157,11 @@ BROKEN = {
     "broken_miscounts_world": (MiscountsWorld, "fork"),
     "broken_drops_optimizer_state": (DropsOptimizerState, "fork"),
     "broken_compresses_undeclared": (CompressesUndeclared, "fork"),
+    "broken_tears_down_once": (TearsDownOnce, "fork"),
+    "broken_shards_no_data": (ShardsNoData, "fork"),
+    "broken_prints_on_every_rank": (PrintsOnEveryRank, "fork"),
+    "broken_loads_halfway": (LoadsHalfway, "fork"),
+    "broken_drops_result": (DropsResult, "fork"),
     "correct_ddp_subclass": (DDPStrategy, "fork"),
 }
 

@@ -8,7 +8,9 @@ the ranks get a :class:`RankContext`; the driver's and the declaration's run els
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,8 +53,10 @@ class Check:
     Attributes:
         id: stable name, part of every test id and report record.
         where: ``"declaration"`` (the pytest process), ``"rank"`` (inside every rank,
-            once per precision), ``"rank-once"`` (inside every rank, once per launch)
-            or ``"driver"`` (the launching process, around the launches).
+            once per precision), ``"rank-once"`` (inside every rank, once per launch),
+            ``"rank-last"`` (inside every rank, once per launch, after every other rank
+            check and with no barrier after it: it ends the strategy) or ``"driver"``
+            (the launching process, around the launches).
         needs: the capability a strategy must declare for the check to apply.
         guarantees: what passing it means, for the docs and failure messages.
     """
@@ -119,6 +123,24 @@ CHECKS: tuple[Check, ...] = (
     Check(id="interrupted_save", where="rank-once",
           guarantees="a save that fails midway leaves the previous checkpoint loadable and "
           "unchanged (checked at world size 1)"),
+    Check(id="data_loading", where="rank-once",
+          guarantees="setup_dataloader shares a dataset out over the data-parallel ranks: "
+          "for training every rank gets the same number of batches and together they "
+          "cover the dataset; with evaluation=True every sample is seen exactly once; "
+          "ranks of one data-parallel replica get the same batches; batches arrive on "
+          "the root device"),
+    Check(id="rank_zero_print", where="rank-once",
+          guarantees="strategy.print writes on global rank 0 only"),
+    Check(id="load_refusal", where="rank-once",
+          guarantees="load_checkpoint asked for an entry the checkpoint does not have "
+          "raises on every rank before restoring anything: parameters, optimizer state "
+          "and plain values are left as they were"),
+    Check(id="teardown", where="rank-last",
+          guarantees="teardown() releases the process group setup_environment created "
+          "and is safe to call twice (the launcher then calls it once more)"),
+    Check(id="launch_result", where="driver",
+          guarantees="launch returns rank 0's result (each rank's function returns a "
+          "different value)"),
     Check(id="relaunch", where="driver",
           guarantees="after launch returns, no process group, environment variable or "
           "worker is left behind, and a second launch in the same process works"),
@@ -193,6 +215,31 @@ class Expect:
             torch.testing.assert_close(actual, expected, **tolerance)
         except AssertionError as error:
             self.problems.append(f"{what}: {error}")
+
+    def same(self, actual: Any, expected: Any, what: str) -> None:
+        """Nested state equal leaf by leaf: tensors exactly (NaN equal to NaN), other
+        values (strings, versions, flags in an engine's optimizer state) by ``==``."""
+        if isinstance(expected, dict) and isinstance(actual, dict):
+            if set(actual) != set(expected):
+                self.problems.append(f"{what}: keys {sorted(map(str, actual))} differ from "
+                                     f"{sorted(map(str, expected))}")
+                return
+            for key in expected:
+                self.same(actual[key], expected[key], f"{what}[{key!r}]")
+        elif isinstance(expected, (list, tuple)) and isinstance(actual, (list, tuple)):
+            if len(actual) != len(expected):
+                self.problems.append(f"{what}: {len(actual)} items, expected {len(expected)}")
+                return
+            for index, (a, b) in enumerate(zip(actual, expected, strict=True)):
+                self.same(a, b, f"{what}[{index}]")
+        elif isinstance(expected, torch.Tensor) or isinstance(actual, torch.Tensor):
+            self.close(actual, expected, what, rtol=0, atol=0, equal_nan=True)
+        elif (type(actual) is type(expected) and hasattr(expected, "__dict__")
+              and "__eq__" not in vars(type(expected))):
+            # an object without equality of its own (a loss scaler): its attributes
+            self.same(vars(actual), vars(expected), what)
+        elif actual != expected and not (actual != actual and expected != expected):
+            self.problems.append(f"{what}: {actual!r}, expected {expected!r}")
 
     def done(self) -> None:
         if self.problems:
@@ -354,8 +401,8 @@ def check_accumulation_parity(ctx: RankContext) -> None:
 def check_precision_dtypes(ctx: RankContext) -> None:
     e = Expect()
     row = PRECISION_ROWS[ctx.precision]
-    param_dtype, compute_dtype = getattr(torch, row.param_dtype), getattr(torch,
-                                                                          row.compute_dtype)
+    param_dtype = getattr(torch, row.param_dtype)
+    compute_dtype = reference.activation_dtype(ctx.precision)
     module, _ = _setup(ctx, reference.model())
     seen: dict[str, torch.dtype] = {}
 
@@ -378,7 +425,11 @@ def check_precision_dtypes(ctx: RankContext) -> None:
            f"{ctx.precision}: the first layer computed in {seen.get('activation')}, "
            f"expected {compute_dtype}")
     grad = param.grad
-    if e(grad is not None, f"{ctx.precision}: no gradient after backward"):
+    if "engine_gradients" in ctx.spec.capabilities:
+        # declared: the engine keeps gradients in its own buffers, never in .grad
+        e(grad is None, f"{ctx.precision}: the strategy declares 'engine_gradients' but "
+          f"a parameter's .grad is set after backward ({getattr(grad, 'dtype', None)})")
+    elif e(grad is not None, f"{ctx.precision}: no gradient after backward"):
         e(grad is not None and grad.dtype == param_dtype,
           f"{ctx.precision}: gradients are {getattr(grad, 'dtype', None)}, expected "
           f"{param_dtype}")
@@ -446,8 +497,7 @@ def check_checkpoint_round_trip(ctx: RankContext) -> None:
     rest = s.load_checkpoint(path, state)
     e.close(_params(fresh), saved_params, "parameters after loading", rtol=0, atol=0,
             equal_nan=True)
-    e.close(full(fresh_opt.state_dict()), saved_opt, "optimizer state after loading",
-            rtol=0, atol=0, equal_nan=True)
+    e.same(full(fresh_opt.state_dict()), saved_opt, "optimizer state after loading")
     e(s.precision.state_dict() == saved_precision,
            f"precision state after loading is {s.precision.state_dict()}, saved "
            f"{saved_precision}")
@@ -622,6 +672,132 @@ def check_clipping(ctx: RankContext) -> None:
 LOSS_FACTOR = 2.0**-8
 
 
+def _batches(loader: Any, device: torch.device, e: Expect, what: str) -> list[list[int]]:
+    """The sample indices of each batch one pass over ``loader`` gives, in order."""
+    batches = []
+    for batch in loader:
+        (indices,) = batch
+        e(indices.device.type == device.type,
+          f"{what}: a batch arrived on {indices.device}, not on the root device {device}")
+        batches.append([int(i) for i in indices.cpu()])
+    return batches
+
+
+def check_data_loading(ctx: RankContext) -> None:
+    e = Expect()
+    s = ctx.strategy
+    samples = 4 * reference.BATCH + 3  # shares differ in size at every world size > 1
+    data = torch.utils.data.TensorDataset(torch.arange(samples))
+    train = s.setup_dataloader(torch.utils.data.DataLoader(data, batch_size=3, shuffle=True))
+    evaluation = s.setup_dataloader(torch.utils.data.DataLoader(data, batch_size=3),
+                                    evaluation=True)
+    train_len = len(train)
+    mine = {"rank": s.global_rank, "dp_rank": s.data_parallel_rank,
+            "dp_size": s.data_parallel_size, "train_len": train_len,
+            "train": _batches(train, s.root_device, e, "setup_dataloader"),
+            "eval": _batches(evaluation, s.root_device, e,
+                             "setup_dataloader(evaluation=True)")}
+    everyone = s.collective.all_gather_object(mine)
+    sizes = sorted({r["dp_size"] for r in everyone})
+    if not (len(sizes) == 1 and sizes[0] > 0 and ctx.world_size % sizes[0] == 0):
+        raise CheckFailed(f"data_parallel_size is {sizes} across the ranks; expected one "
+                          f"value that divides the world size {ctx.world_size}")
+    size = sizes[0]
+    replicas: dict[int, list[dict[str, Any]]] = {}
+    for r in everyone:
+        replicas.setdefault(r["dp_rank"], []).append(r)
+    e(sorted(replicas) == list(range(size))
+      and all(len(v) == ctx.world_size // size for v in replicas.values()),
+      f"data_parallel_rank over ranks 0..{ctx.world_size - 1} is "
+      f"{[r['dp_rank'] for r in everyone]}; expected each of 0..{size - 1} equally often")
+    counts = [len(r["train"]) for r in everyone]
+    e(len(set(counts)) == 1,
+      f"for training the ranks got different numbers of batches: {counts}")
+    for r in everyone:
+        e(r["train_len"] == len(r["train"]), f"rank {r['rank']}: len() of its training "
+          f"loader is {r['train_len']}, but iterating it gave {len(r['train'])} batches")
+    for group in replicas.values():
+        for r in group[1:]:
+            e(r["train"] == group[0]["train"] and r["eval"] == group[0]["eval"],
+              f"ranks {group[0]['rank']} and {r['rank']} are one data-parallel replica "
+              f"(data_parallel_rank {r['dp_rank']}) but got different batches")
+    heads = [group[0] for _, group in sorted(replicas.items())]
+    trained = [[i for b in r["train"] for i in b] for r in heads]
+    covered = {i for share in trained for i in share}
+    e(covered == set(range(samples)), f"for training the data-parallel replicas together "
+      f"saw {len(covered)} of the {samples} samples")
+    per_replica = -(-samples // size)  # the dataset shared out, padded to equal shares
+    e(all(len(share) == per_replica for share in trained),
+      f"for training each of {size} replica(s) should see {per_replica} samples; they "
+      f"saw {[len(share) for share in trained]}")
+    seen = sorted(i for r in heads for b in r["eval"] for i in b)
+    e(seen == list(range(samples)), f"with evaluation=True the data-parallel replicas "
+      f"together saw {len(seen)} samples ({len(set(seen))} distinct) of {samples}; "
+      "expected each exactly once")
+    e.done()
+
+
+def check_rank_zero_print(ctx: RankContext) -> None:
+    e = Expect()
+    s = ctx.strategy
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        s.print("conformance", s.global_rank, sep=":")
+    everyone = s.collective.all_gather_object((s.global_rank, out.getvalue()))
+    printed = [rank for rank, text in everyone if text]
+    e(printed == [0], f"strategy.print wrote on ranks {printed}; expected on rank 0 only")
+    zero = dict(everyone).get(0, "")
+    e(zero in ("", "conformance:0\n"), f"strategy.print('conformance', 0, sep=':') wrote "
+      f"{zero!r} on rank 0; expected 'conformance:0\\n' as print() writes it")
+    e.done()
+
+
+def check_load_refusal(ctx: RankContext) -> None:
+    e = Expect()
+    s = ctx.strategy
+    path = ctx.workdir / "refusal.ckpt"
+    module, opt = _setup(ctx, reference.model())
+    _step(ctx, module, opt, 0)
+    s.save_checkpoint(path, {"model": module, "optimizer": opt, "step": 1})
+    fresh, fresh_opt = _setup(ctx, reference.other_model())
+    params, opt_state = _params(fresh), full(fresh_opt.state_dict())
+    state: dict[str, Any] = {"model": fresh, "optimizer": fresh_opt, "step": 0,
+                             "epoch": 0}  # "epoch" was never saved
+    try:
+        s.load_checkpoint(path, state)
+    except Exception:  # any error is the refusal; CheckpointLoadError for the built-ins
+        pass
+    else:
+        e(False, "load_checkpoint restored a state naming 'epoch', which the checkpoint "
+          "does not have, without raising")
+    e.close(_params(fresh), params, "parameters after a refused load (they must not be "
+            "half-loaded)", rtol=0, atol=0)
+    e.same(full(fresh_opt.state_dict()), opt_state, "optimizer state after a refused load")
+    e(state["step"] == 0, f"the plain value 'step' is {state['step']!r} after a refused "
+      "load; expected it left at 0")
+    e.done()
+
+
+def check_teardown(ctx: RankContext) -> None:
+    import torch.distributed as dist
+
+    s = ctx.strategy
+    rank = s.global_rank  # read now: after teardown the strategy may not know it
+    problems = []
+    for call in ("first", "second"):
+        try:
+            s.teardown()
+        except Exception as error:
+            problems.append(f"the {call} teardown() raised {type(error).__name__}: {error}")
+        # no process group existed before setup_environment (relaunch holds the
+        # launching process to that, and other ranks start fresh), so any is its own
+        if dist.is_available() and dist.is_initialized():
+            problems.append(f"after the {call} teardown() a torch.distributed process "
+                            "group still exists")
+    if problems:
+        raise CheckFailed(f"rank {rank}: " + "; ".join(problems))
+
+
 RANK_CHECKS: dict[str, Callable[[RankContext], None]] = {
     "lifecycle": check_lifecycle,
     "collectives": check_collectives,
@@ -636,6 +812,14 @@ RANK_CHECKS: dict[str, Callable[[RankContext], None]] = {
     "lr_scheduler": check_lr_scheduler,
     "clipping": check_clipping,
     "interrupted_save": check_interrupted_save,
+    "data_loading": check_data_loading,
+    "rank_zero_print": check_rank_zero_print,
+    "load_refusal": check_load_refusal,
+}
+#: checks that end the strategy: run in every rank after every other rank check, with
+#: no barrier after them (they release the process group a barrier would need)
+LAST_RANK_CHECKS: dict[str, Callable[[RankContext], None]] = {
+    "teardown": check_teardown,
 }
 
 

@@ -23,7 +23,9 @@ def runner_machine(runner: str, requires: tuple[str, ...]) -> Machine:
     if runner == "cuda":
         return Machine(cuda_devices=2, packages=packages)
     if runner == "tpu":
-        return Machine(xla_devices=8, packages=packages | {"torch_xla"})
+        # two devices: the declaration plans with devices=2 (an XLA strategy takes one
+        # device, all of them or one index, so the machine has exactly two)
+        return Machine(xla_devices=2, packages=packages | {"torch_xla"})
     return Machine(packages=packages)
 
 
@@ -115,7 +117,7 @@ def check_declaration(name: str, runner: str) -> None:
     supported = ACCELERATOR_ROWS[accelerator].precisions
     built = None
     for precision in PRECISION_NAMES:
-        declared = precision in spec.precisions
+        declared = precision in spec.precisions_on(accelerator)
         try:
             p = plan(strategy=name, accelerator=accelerator, devices=devices,
                      precision=precision, machine=machine)
@@ -125,7 +127,9 @@ def check_declaration(name: str, runner: str) -> None:
                                 f"{accelerator}: {error}")
             continue
         if not declared:
-            problems.append(f"plan() accepts {precision!r}, which {name} does not declare")
+            refused = spec.precision_refusals.get(accelerator, {}).get(precision)
+            problems.append(f"plan() accepts {precision!r}, which {name} " + (
+                f"refuses on {accelerator} ({refused})" if refused else "does not declare"))
         elif built is None and accelerator == "cpu":
             built = p.build()
     if built is not None:

@@ -32,6 +32,7 @@ from interlock.conformance.checks import (
     CHECKS,
     DRIVER_ENV,
     IN_DRIVER_MARK,
+    LAST_RANK_CHECKS,
     RANK_CHECKS,
     CheckFailed,
     CheckSkipped,
@@ -88,8 +89,10 @@ def _plan_for(args: argparse.Namespace, devices: int) -> Any:
 
 
 def run_rank_checks(strategy: Any, args: argparse.Namespace, precisions: list[str],
-                    workdir: str, passed: torch.nn.Module | None = None) -> None:
-    """Every rank check, for every precision; results appended to this rank's file."""
+                    workdir: str, passed: torch.nn.Module | None = None) -> int:
+    """Every rank check, for every precision, then the checks that end the strategy;
+    results appended to this rank's file. Returns this rank's global rank (what the
+    launch_result check expects launch to hand back from rank 0)."""
     from interlock.connector.registry import strategy_specs
 
     spec = strategy_specs()[args.strategy]
@@ -119,6 +122,15 @@ def run_rank_checks(strategy: Any, args: argparse.Namespace, precisions: list[st
             # the ranks leave a check together, so one that failed on a single rank
             # does not leave the others waiting in the next check's collectives
             strategy.barrier()
+    # teardown releases the process group: it comes last, and no barrier follows it;
+    # each result is in this rank's file before the next check starts
+    for check_id, fn in LAST_RANK_CHECKS.items():
+        _mark(out, _record(ANY_PRECISION, check_id, "running"))
+        ctx = RankContext(strategy=strategy, spec=spec, precision=precisions[-1],
+                          accelerator=args.accelerator, world_size=args.world_size,
+                          workdir=Path(workdir), plan_for=plan_for, passed=passed)
+        _mark(out, _run_one(fn, ctx, ANY_PRECISION, check_id))
+    return int(rank)
 
 
 def _run_one(fn: Any, ctx: RankContext, label: str, check_id: str) -> dict[str, str]:
@@ -127,7 +139,10 @@ def _run_one(fn: Any, ctx: RankContext, label: str, check_id: str) -> dict[str, 
     except CheckSkipped as skip:
         return _record(label, check_id, "skipped", str(skip))
     except CheckFailed as failure:
-        return _record(label, check_id, "failed", f"rank {ctx.strategy.global_rank}: {failure}")
+        text = str(failure)
+        # a check that compares every rank's answers names the rank in its message
+        prefix = "" if text.startswith("rank ") else f"rank {ctx.strategy.global_rank}: "
+        return _record(label, check_id, "failed", prefix + text)
     except Exception as error:
         return _record(label, check_id, "failed",
                        f"rank {ctx.strategy.global_rank} raised {type(error).__name__}: "
@@ -251,9 +266,9 @@ def _not_run(records: list[dict[str, str]], precisions: list[str],
     done = {(r["precision"], r["check"]) for r in records}
     missing = []
     for check in CHECKS:
-        if check.where not in ("rank", "rank-once"):
+        if check.where not in ("rank", "rank-once", "rank-last"):
             continue
-        labels = [ANY_PRECISION] if check.where == "rank-once" else precisions
+        labels = precisions if check.where == "rank" else [ANY_PRECISION]
         missing += [_record(p, check.id, "not run", reason)
                     for p in labels if (p, check.id) not in done]
     return missing
@@ -278,8 +293,9 @@ def drive(args: argparse.Namespace) -> list[dict[str, str]]:
     # every rank as a private copy and come back untouched
     passed = reference.model()
     passed_before = {k: v.clone() for k, v in passed.state_dict().items()}
+    returned: Any = None
     try:
-        strategy.launch(run_rank_checks, args, precisions, str(workdir), passed)
+        returned = strategy.launch(run_rank_checks, args, precisions, str(workdir), passed)
     except Exception as error:
         crash = f"{type(error).__name__}: {error}"[:4000]
     records += _collect(workdir, args.world_size, crash)
@@ -288,6 +304,8 @@ def drive(args: argparse.Namespace) -> list[dict[str, str]]:
     records += _not_run(records, precisions,
                         f"a rank crashed before reaching it: {crash}" if crash
                         else "the launch ended before reaching it")
+
+    records.append(_launch_result(returned, crash))
 
     # relaunch: nothing left behind, and a second launch works
     import torch.distributed as dist
@@ -320,6 +338,18 @@ def drive(args: argparse.Namespace) -> list[dict[str, str]]:
     records.append(_collective_timeout(strategy, args, spec, workdir))
     records.append(_resharding(args, spec, workdir))
     return records
+
+
+def _launch_result(returned: Any, crash: str | None) -> dict[str, str]:
+    """launch must hand back rank 0's result: every rank's function returned its rank."""
+    if crash is not None:
+        return _record(ANY_PRECISION, "launch_result", "failed",
+                       f"launch raised instead of returning rank 0's result: {crash}")
+    if isinstance(returned, int) and not isinstance(returned, bool) and returned == 0:
+        return _record(ANY_PRECISION, "launch_result", "passed")
+    return _record(ANY_PRECISION, "launch_result", "failed",
+                   f"each rank's function returned its global rank, and launch returned "
+                   f"{returned!r}; expected rank 0's result, 0")
 
 
 def _check_caller_module(records: list[dict[str, str]], passed: torch.nn.Module,
@@ -421,6 +451,14 @@ def _resharding(args: argparse.Namespace, spec: Any, workdir: Path) -> dict[str,
     try:
         saved = _resolve(args, "32-true", 2).launch(_save_for_resharding, path)
         loaded = _resolve(args, "32-true", 1).launch(_load_for_resharding, path)
+        for what, value in (("the save at world size 2", saved),
+                            ("the load at world size 1", loaded)):
+            # launch() must hand back rank 0's parameters: nothing to compare is a
+            # failure, not a pass
+            if not (isinstance(value, dict) and value
+                    and all(isinstance(v, torch.Tensor) for v in value.values())):
+                raise CheckFailed(f"{what} returned {type(value).__name__} through "
+                                  "launch(), not rank 0's parameters")
         torch.testing.assert_close(loaded, saved, rtol=0, atol=0)
     except Exception as error:
         return _record(ANY_PRECISION, "resharding", "failed",
