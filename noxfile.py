@@ -123,15 +123,105 @@ XLA_PACKAGES = os.environ.get("INTERLOCK_XLA", "torch==2.9.0 torch_xla==2.9.0").
 @nox.session(python=PYTHON)
 def xla(session: nox.Session) -> None:
     """The XLA strategies on torch_xla's CPU PJRT device (no TPU needed): real training
-    through single_xla, and every XLA unit test. Not part of CI: its environment is
-    several GB; ``INTERLOCK_XLA`` overrides the torch/torch_xla pins."""
+    through single_xla, every XLA unit test, then the conformance suite for single_xla
+    and xla on the tpu runner, written to docs/conformance-report-xla.json. Not part of
+    CI: its environment is several GB; ``INTERLOCK_XLA`` overrides the torch/torch_xla
+    pins.
+
+    The CPU PJRT device runs one rank only: torch_xla's CPU client has no collective
+    across devices (tools/xla_cpu_multiprocess_repro.py), so the suite's world size 2
+    cases are skipped there and run on a TPU host.
+    """
     session.install(*XLA_PACKAGES)
     session.install("--no-deps", "-e", ".")
     session.install("numpy", "tabulate", "typeguard>=4.2", "pytest", "pytest-timeout",
-                    "hypothesis")
+                    "pytest-xdist", "hypothesis")
     session.run("pytest", "tests/runtime/test_deepspeed_and_xla.py",
                 "--typeguard-packages=interlock", *session.posargs,
                 env={"PJRT_DEVICE": "CPU"})
+    session.run("interlock", "conformance", "--strategy", "single_xla", "--strategy", "xla",
+                "--runner", "tpu", "--world-sizes", "1,2",
+                "--report", "docs/conformance-report-xla.json", env={"PJRT_DEVICE": "CPU"})
+
+
+#: the DeepSpeed rows the suite runs on the CPU runner (the NVMe row needs a path on a
+#: fast local disk, which the suite cannot choose: tests/runtime trains it instead)
+DEEPSPEED_ROWS = ("deepspeed", "deepspeed_stage_1", "deepspeed_stage_1_offload",
+                  "deepspeed_stage_2", "deepspeed_stage_2_offload", "deepspeed_stage_3",
+                  "deepspeed_stage_3_offload")
+
+
+def _apt_install(session: nox.Session, *packages: str) -> None:
+    """Debian packages, when this is a root shell on Debian (CI); otherwise the tests
+    that need them say so when they skip."""
+    if os.name == "posix" and os.geteuid() == 0 and shutil.which("apt-get"):
+        session.run("apt-get", "update", "-qq", external=True)
+        session.run("apt-get", "install", "-y", "-qq", *packages, external=True)
+
+
+@nox.session(python=PYTHON)
+def deepspeed(session: nox.Session) -> None:
+    """DeepSpeed for real on the CPU runner: its runtime tests, then the conformance
+    suite for every DeepSpeed row, written to docs/conformance-report-deepspeed.json.
+
+    DeepSpeed is an extra (``interlock[deepspeed]``), never a dependency; its ops build
+    on first use (the shared-memory collective, and the asynchronous I/O op for NVMe
+    offloading, which needs libaio: installed here on Debian as root).
+    """
+    _apt_install(session, "libaio-dev")
+    session.install(TORCH)
+    session.install("-e", ".[test,deepspeed]", TORCH)
+    session.run("pytest", "tests/runtime/test_deepspeed_and_xla.py", "-k", "deepspeed",
+                "--typeguard-packages=interlock")
+    rows = [arg for row in DEEPSPEED_ROWS for arg in ("--strategy", row)]
+    session.run("interlock", "conformance", *rows, "--runner", "cpu", "--workers", "2",
+                "--report", "docs/conformance-report-deepspeed.json", *session.posargs)
+
+
+#: the torch the GPU session installs: PyPI's build for Linux is a CUDA build
+GPU_TORCH = os.environ.get("INTERLOCK_GPU_TORCH", TORCH)
+#: optional packages the GPU runner tries; a precision or row whose package did not
+#: install is skipped there with the reason
+GPU_EXTRAS = ("deepspeed", "transformer_engine[pytorch]")
+
+
+def _cuda_devices() -> int:
+    """How many NVIDIA GPUs ``nvidia-smi`` lists here (0 without the tool)."""
+    import subprocess
+
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    done = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                          timeout=60, check=False)
+    return sum(line.startswith("GPU ") for line in done.stdout.splitlines())
+
+
+@nox.session(python=PYTHON)
+def gpu(session: nox.Session) -> None:
+    """The CUDA runner in one command, for a machine with NVIDIA GPUs: the conformance
+    suite's ``cuda`` runner for every row that declares cuda (world size 1, and 2 when
+    there are two GPUs or more), then the CUDA-only tests (``-m gpu``); the report goes
+    to docs/conformance-report-gpu.json. Stops at once where there is no GPU."""
+    devices = _cuda_devices()
+    if devices == 0:
+        session.error("no NVIDIA GPU here (nvidia-smi lists none): the gpu session runs "
+                      "only on a machine with CUDA devices")
+    _apt_install(session, "libaio-dev")
+    session.install(GPU_TORCH)
+    session.install("-e", ".[test]", GPU_TORCH)
+    for extra in GPU_EXTRAS:
+        try:
+            session.install(extra, GPU_TORCH)
+        except nox.command.CommandFailed:
+            session.warn(f"{extra} did not install: the rows and precisions that need "
+                         "it are skipped with the reason")
+    sizes = "1,2" if devices >= 2 else "1"
+    workers = str(max(1, min(devices, 4)))
+    session.run("interlock", "conformance", "--strategy", "all", "--runner", "cuda",
+                "--world-sizes", sizes, "--workers", workers,
+                "--report", "docs/conformance-report-gpu.json", *session.posargs)
+    session.run("pytest", "-m", "gpu", "-n", workers, "--typeguard-packages=interlock",
+                "tests/runtime")
 
 
 @nox.session(python=PYTHON)

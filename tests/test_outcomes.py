@@ -177,8 +177,13 @@ def test_substitutes_are_the_only_choice() -> None:
     }
 
 
-def test_deepspeed_needs_cuda_and_the_package() -> None:
-    assert refusal(CPU, strategy="deepspeed_stage_3").code == "unsupported-accelerator"
+def test_deepspeed_needs_the_package_and_refuses_float16_on_cpu() -> None:
+    assert refusal(CPU, strategy="deepspeed_stage_3").code == "missing-package"
+    cpu_with_deepspeed = Machine(packages=frozenset({"deepspeed"}))
+    assert plan(strategy="deepspeed_stage_3", devices=2,
+                machine=cpu_with_deepspeed).precision == "32-true"
+    fp16 = refusal(cpu_with_deepspeed, strategy="deepspeed_stage_3", precision="16-mixed")
+    assert fp16.code == "unsupported-precision" and "does not support float16" in fp16.reason
     missing = refusal(ONE_GPU, strategy="deepspeed_stage_3")
     assert missing.code == "missing-package" and "pip install deepspeed" in missing.reason
     result = plan(strategy="deepspeed_stage_3_offload", devices=8, machine=FULL)

@@ -1,5 +1,6 @@
 """DeepSpeed and XLA strategies: configuration, resolution and wiring everywhere; real
-training where deepspeed with CUDA, or torch_xla, is installed."""
+training where deepspeed (on its CPU accelerator, or with CUDA) or torch_xla is
+installed (``nox -s deepspeed``, ``nox -s xla``)."""
 
 from __future__ import annotations
 
@@ -43,13 +44,20 @@ def test_every_deepspeed_row_builds_the_config_its_name_promises(spec: Any) -> N
     offload = "offload" in spec.name
     assert ("offload_optimizer" in zero) == offload, f"{spec.name}: {zero}"
     assert ("offload_param" in zero) == (offload and zero["stage"] == 3), f"{spec.name}: {zero}"
-    assert config["bf16"] == {"enabled": True} and "fp16" not in config
+    # mixed: float32 parameters, the forward pass under torch's autocast
+    assert config["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"}, config
+    assert "bf16" not in config and "fp16" not in config
+    assert config["gradient_clipping"] == 0.0, "DeepSpeed's default would clip at 1.0"
 
 
 def test_precision_sections_and_overrides_merge_key_by_key(tmp_path: Path) -> None:
-    fp16 = deepspeed_config(precision="16-mixed")
+    fp16 = deepspeed_config(precision="16-true")
     assert fp16["fp16"]["enabled"] and fp16["fp16"]["loss_scale"] == 0, "dynamic scaling"
-    assert "fp16" not in deepspeed_config() and "bf16" not in deepspeed_config()
+    assert deepspeed_config(precision="bf16-true")["bf16"] == {"enabled": True}
+    assert deepspeed_config(precision="16-mixed")["torch_autocast"]["dtype"] == "float16"
+    plain = deepspeed_config()
+    assert not {"fp16", "bf16", "torch_autocast"} & set(plain)
+    assert plain["gradient_clipping"] == 0.0
     merged = deepspeed_config(stage=3, overrides={
         "zero_optimization": {"stage3_max_live_parameters": 1}, "gradient_clipping": 1.0,
     })
@@ -82,10 +90,24 @@ def test_bad_deepspeed_options_are_refused_with_the_reason(options: dict[str, An
                              for k, v in options.items()})
 
 
-def test_the_engine_refuses_deepspeed_off_cuda_and_without_the_package() -> None:
+def test_the_engine_states_the_measured_cpu_facts_and_needs_the_package() -> None:
+    cpu = interlock.Machine(packages=frozenset({"deepspeed"}))
+    for precision in ("32-true", "bf16-mixed", "bf16-true"):
+        interlock.plan(strategy="deepspeed", accelerator="cpu", devices=2,
+                       precision=precision, machine=cpu)
+    for precision in ("16-mixed", "16-true"):
+        with pytest.raises(interlock.ResolutionError) as info:
+            interlock.plan(strategy="deepspeed_stage_3", accelerator="cpu", devices=2,
+                           precision=precision, machine=cpu)
+        assert info.value.code == "unsupported-precision"
+        assert "CPU accelerator does not support float16" in str(info.value)
+        assert set(info.value.choices) == {"32-true", "bf16-mixed", "bf16-true"}
+    interlock.plan(strategy="deepspeed", accelerator="cuda", devices=2,
+                   precision="16-mixed", machine=GPUS)
     with pytest.raises(interlock.ResolutionError) as info:
-        interlock.plan(strategy="deepspeed", accelerator="cpu", devices=2, machine=GPUS)
-    assert info.value.code == "unsupported-accelerator"
+        interlock.plan(strategy="deepspeed", accelerator="cpu", devices=2,
+                       machine=interlock.Machine())
+    assert info.value.code == "missing-package" and "pip install deepspeed" in str(info.value)
     with pytest.raises(interlock.ResolutionError) as info:
         interlock.plan(strategy="deepspeed", devices=2,
                        machine=interlock.Machine(cuda_devices=2))
@@ -193,7 +215,50 @@ def test_single_xla_trains_with_parity_on_a_real_xla_device(tmp_path: Path) -> N
     assert "xla ok" in done.stdout
 
 
+def test_the_xla_launcher_refuses_several_ranks_on_the_cpu_pjrt_device(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from interlock.strategies.launchers import LaunchError
+    from interlock.strategies.launchers import xla as xla_launcher
+
+    class Runtime:
+        device = "CPU"
+
+        def device_type(self) -> str:
+            return self.device
+
+    runtime = Runtime()
+    monkeypatch.setattr(xla_launcher, "import_torch_xla", lambda: runtime)
+    monkeypatch.setattr(xla_launcher, "_IMPORT_ENVIRONMENT", None)
+    with pytest.raises(LaunchError, match=r"no collective.*pytorch/xla#9089"):
+        xla_launcher.XLALauncher(num_processes=2).launch(print)
+    xla_launcher.refuse_cpu_collectives("TPU", 8)  # TPU launches go on to xmp.spawn
+    xla_launcher.refuse_cpu_collectives("CPU", 1)
+
+
+XLA_CPU_TWO_RANKS = """
+import interlock
+from interlock.strategies.launchers import LaunchError
+strategy = interlock.resolve(accelerator="xla", devices=2, strategy="xla")
+try:
+    strategy.launch(print)
+except LaunchError as error:
+    print("refused:", error)
+"""
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.skipif(not HAS_TORCH_XLA, reason="torch_xla is not installed (nox -s xla runs "
+                    "this on its CPU PJRT device)")
+def test_two_xla_ranks_on_the_cpu_pjrt_device_are_refused_before_any_worker_starts() -> None:
+    env = {**__import__("os").environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2"}
+    done = subprocess.run([sys.executable, "-c", XLA_CPU_TWO_RANKS], capture_output=True,
+                          text=True, timeout=180, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "refused:" in done.stdout and "pytorch/xla#9089" in done.stdout, done.stdout
+
+
 @pytest.mark.timeout(300)
+@pytest.mark.gpu
 @pytest.mark.skipif(not (HAS_DEEPSPEED and torch.cuda.is_available()),
                     reason="needs deepspeed and CUDA devices")
 def test_deepspeed_stage_2_trains_on_cuda(tmp_path: Path) -> None:
@@ -223,3 +288,97 @@ def _deepspeed_train(strategy: Any, path: str) -> dict[str, Any]:
         losses.append(float(loss))
     strategy.save_checkpoint(path, {"model": net, "step": 5})
     return {"loss_went_down": losses[-1] < losses[0], "losses": losses}
+
+
+# ------------------------------------------------- DeepSpeed for real on its CPU accelerator
+
+NEEDS_DEEPSPEED = pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed "
+                                     "(nox -s deepspeed installs it and runs these)")
+
+
+def _plain_steps(steps: int, clip: float | None = None,
+                 micro: int = 1) -> dict[str, torch.Tensor]:
+    """One plain process: SGD with momentum on the full batches, optionally clipped."""
+    from interlock.conformance import reference
+
+    net = reference.model()
+    opt = torch.optim.SGD(net.parameters(), lr=reference.LR, momentum=0.9)
+    for step in range(steps):
+        for m in range(micro):
+            x, y = reference.batch(step * micro + m)
+            (torch.nn.functional.mse_loss(net(x), y) / micro).backward()  # type: ignore[no-untyped-call]
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
+        opt.step()
+        opt.zero_grad()
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+
+def _deepspeed_steps(strategy: Any, steps: int, micro: int) -> dict[str, torch.Tensor]:
+    """The same training through the strategy: each rank its share of every batch;
+    DeepSpeed accumulates ``micro`` micro-batches (its config) and steps at the end."""
+    from interlock.conformance import reference
+    from interlock.conformance.checks import full, share
+
+    net = reference.model()
+    opt = torch.optim.SGD(net.parameters(), lr=reference.LR, momentum=0.9)
+    module, (opt,) = strategy.setup_module_and_optimizers(net, [opt])
+    for step in range(steps):
+        for m in range(micro):
+            x, y = reference.batch(step * micro + m)
+            x, y = strategy.batch_to_device((share(x, strategy), share(y, strategy)))
+            strategy.backward(torch.nn.functional.mse_loss(module(x).float(), y), module)
+            strategy.optimizer_step(opt)  # DeepSpeed steps only at the boundary
+    got: dict[str, torch.Tensor] = full(module.state_dict())
+    return got
+
+
+@NEEDS_DEEPSPEED
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", ["deepspeed_stage_1", "deepspeed_stage_3"])
+def test_deepspeed_on_cpu_clips_and_accumulates_through_its_config_like_plain_torch(
+        name: str) -> None:
+    """DeepSpeed's own accumulation and clipping (config entries, the declared way)
+    over 2 gloo ranks equal one plain process; without them nothing is clipped."""
+    from harness import close, launch_forked
+
+    for overrides, clip, micro in (({}, None, 1),
+                                   ({"gradient_clipping": 0.05}, 0.05, 1),
+                                   ({"gradient_accumulation_steps": 2}, None, 2)):
+        strategy = interlock.resolve(strategy=name, accelerator="cpu", devices=2)
+        assert isinstance(strategy, DeepSpeedStrategy)
+        strategy._overrides = overrides
+        got = launch_forked(strategy, _deepspeed_steps, 3, micro)
+        want = _plain_steps(3, clip=clip, micro=micro)
+        for key, value in want.items():
+            close(got[key], value, f"{name} {overrides} {key}", rtol=1.3e-6, atol=1e-5)
+
+
+def _async_io_unavailable() -> str | None:
+    if not HAS_DEEPSPEED:
+        return "deepspeed is not installed"
+    try:
+        from deepspeed.ops.op_builder import AsyncIOBuilder
+    except ImportError as error:
+        return f"deepspeed has no async_io op builder: {error}"
+    if not AsyncIOBuilder().is_compatible(verbose=False):
+        return "DeepSpeed's async_io op cannot build here (it needs libaio: libaio-dev)"
+    return None
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(_async_io_unavailable() is not None,
+                    reason=str(_async_io_unavailable()))
+def test_deepspeed_nvme_offload_trains_on_cpu_like_plain_torch(tmp_path: Path) -> None:
+    """ZeRO-Infinity (stage 3, parameters and optimizer state on NVMe) on the CPU
+    accelerator: the one row the suite cannot run, since it needs a directory on a fast
+    disk; here a temporary directory stands in for it."""
+    from harness import close, launch_forked
+
+    strategy = interlock.resolve(strategy="deepspeed_stage_3_offload_nvme",
+                                 accelerator="cpu", devices=1)
+    assert isinstance(strategy, DeepSpeedStrategy)
+    strategy.zero_options["nvme_path"] = str(tmp_path)
+    got = launch_forked(strategy, _deepspeed_steps, 3, 1)
+    for key, value in _plain_steps(3).items():
+        close(got[key], value, f"nvme offload {key}", rtol=1.3e-6, atol=1e-5)

@@ -214,6 +214,7 @@ TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2,
 
 
 @TWO_GPUS
+@pytest.mark.gpu
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", ["fsdp", "fsdp_cpu_offload"])
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "16-mixed"])

@@ -57,6 +57,14 @@ def _ddp_rows() -> tuple[StrategySpec, ...]:
     return tuple(rows)
 
 
+#: measured with deepspeed 0.19.8 on its CPU accelerator (gloo): float16 is refused by
+#: DeepSpeed itself ("Type fp16 is not supported on your device")
+_NO_FP16_ON_CPU = ("DeepSpeed's CPU accelerator does not support float16 (it refuses "
+                   "fp16 with 'Type fp16 is not supported on your device'); use "
+                   "bf16-mixed, bf16-true or 32-true")
+_DEEPSPEED_CPU_REFUSALS = {"16-true": _NO_FP16_ON_CPU, "16-mixed": _NO_FP16_ON_CPU}
+
+
 def _deepspeed_rows() -> tuple[StrategySpec, ...]:
     variants: tuple[tuple[str, dict[str, object], str], ...] = (
         ("deepspeed", {}, "ZeRO stage 2 (the default)"),
@@ -95,13 +103,16 @@ def _deepspeed_rows() -> tuple[StrategySpec, ...]:
             factory="interlock.strategies.deepspeed:DeepSpeedStrategy",
             description=f"DeepSpeed {what}",
             family="deepspeed",
-            accelerators=frozenset(("cuda",)),
+            accelerators=frozenset(("cpu", "cuda")),
             precisions=_SHARDED,
             launcher="subprocess",
             requires=("deepspeed",),
             options=options,
             precision_plugin="deepspeed",
-            capabilities=frozenset(("timeout",)),
+            precision_refusals={"cpu": _DEEPSPEED_CPU_REFUSALS},
+            # accumulation and clipping are DeepSpeed config entries
+            # (gradient_accumulation_steps, gradient_clipping), not the strategy calls
+            capabilities=frozenset(("timeout", "engine_gradients")),
         )
         for name, options, what in variants
     )

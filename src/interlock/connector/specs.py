@@ -26,6 +26,10 @@ CAPABILITIES: dict[str, str] = {
     "resharding": "a checkpoint saved at one world size loads at another",
     "timeout": "the strategy has a process-group `timeout` after which a rank that never "
     "reaches a collective becomes an error",
+    "engine_gradients": "a declared difference: gradients live in the strategy's own "
+    "(partitioned) buffers, so a parameter's `.grad` stays None after backward "
+    "(DeepSpeed's ZeRO engine); the suite checks exactly that instead of the gradient "
+    "dtype",
 }
 
 #: the family a third-party strategy declares when it belongs to none of the built-in
@@ -71,6 +75,10 @@ class StrategySpec:
         parity_tolerance: ``(rtol, atol)`` the conformance suite allows in training
             parity beyond the precision's own, for strategies that change numerics on
             purpose (gradient compression); None for exact strategies.
+        precision_refusals: per accelerator, precisions the strategy declares but does
+            not support on that accelerator, each with the reason (a measured fact, e.g.
+            DeepSpeed's CPU accelerator has no float16); the engine refuses them there
+            with ``unsupported-precision`` and that reason.
         parity_steps: optimizer steps the conformance suite's parity checks take, for
             strategies whose numerics change only after a warm-up (PowerSGD's
             ``start_powerSGD_iter``); None keeps the suite's defaults (3 steps for
@@ -94,6 +102,7 @@ class StrategySpec:
     precision_plugin: str | None = None
     parity_tolerance: tuple[float, float] | None = None
     parity_steps: int | None = None
+    precision_refusals: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "accelerators", frozenset(self.accelerators))
@@ -102,6 +111,10 @@ class StrategySpec:
         object.__setattr__(self, "capabilities", frozenset(self.capabilities))
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
         object.__setattr__(self, "substitutes", MappingProxyType(dict(self.substitutes)))
+        object.__setattr__(self, "precision_refusals", MappingProxyType({
+            a: MappingProxyType(dict(r)) if isinstance(r, Mapping) else r
+            for a, r in dict(self.precision_refusals).items()
+        }))
 
     def __hash__(self) -> int:
         return hash((self.name, self.factory))
@@ -111,7 +124,12 @@ class StrategySpec:
         fields = {f: getattr(self, f) for f in self.__dataclass_fields__}
         fields["options"] = dict(self.options)
         fields["substitutes"] = dict(self.substitutes)
+        fields["precision_refusals"] = {a: dict(r) for a, r in self.precision_refusals.items()}
         return (_rebuild_spec, (fields,))
+
+    def precisions_on(self, accelerator: str) -> frozenset[str]:
+        """The declared precisions less those refused on ``accelerator``."""
+        return self.precisions - set(self.precision_refusals.get(accelerator, {}))
 
     @property
     def interactive(self) -> bool:
@@ -192,6 +210,19 @@ def spec_problems(spec: object) -> list[str]:
             f"precision_plugin {spec.precision_plugin!r} is unknown; known: "
             f"{', '.join(STRATEGY_PRECISION_PLUGINS)} or None"
         )
+    for accelerator, refused in spec.precision_refusals.items():
+        if accelerator not in spec.accelerators:
+            problems.append(f"precision_refusals names accelerator {accelerator!r}, which "
+                            "the strategy does not declare")
+        if not isinstance(refused, Mapping) or not all(
+            isinstance(p, str) and isinstance(why, str) and why.strip()
+            for p, why in refused.items()
+        ):
+            problems.append(f"precision_refusals[{accelerator!r}] must map precisions to "
+                            "non-empty reasons")
+        elif not set(refused) <= spec.precisions:
+            problems.append(f"precision_refusals[{accelerator!r}] names precisions the "
+                            f"strategy does not declare: {sorted(set(refused) - spec.precisions)}")
     if spec.parity_tolerance is not None and not (
         isinstance(spec.parity_tolerance, tuple) and len(spec.parity_tolerance) == 2
         and all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t < 1

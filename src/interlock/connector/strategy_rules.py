@@ -374,7 +374,7 @@ def _supported_precisions(ctx: Context) -> tuple[str, ...]:
     accel = ACCELERATOR_ROWS[ctx.accelerator]
     return tuple(
         p for p in PRECISION_NAMES
-        if p in spec.precisions and p in accel.precisions
+        if p in spec.precisions_on(ctx.accelerator) and p in accel.precisions
         and all(r in ctx.machine.packages for r in PRECISION_ROWS[p].requires)
     )
 
@@ -408,6 +408,22 @@ def _refuse_by(holder: str) -> Action:
     return then
 
 
+def _refused_on_accelerator(ctx: Context) -> str | None:
+    return ctx.chosen_spec.precision_refusals.get(ctx.accelerator, {}).get(ctx.precision)
+
+
+def _refuse_on_accelerator(ctx: Context) -> str:
+    flag, value = _precision_flag(ctx)
+    refuse(
+        "unsupported-precision",
+        flag=flag,
+        value=value,
+        reason=f"{ctx.precision!r} is not supported by strategy {ctx.chosen_spec.name!r} "
+        f"on {ctx.accelerator}: {_refused_on_accelerator(ctx)}",
+        choices=_supported_precisions(ctx),
+    )
+
+
 def _precision_missing(ctx: Context) -> tuple[str, ...]:
     return tuple(p for p in PRECISION_ROWS[ctx.precision].requires
                  if p not in ctx.machine.packages)
@@ -436,6 +452,14 @@ PRECISION_CHECK = Decision(
             doc="Not among the strategy row's precisions.",
             when=lambda c: c.precision not in c.chosen_spec.precisions,
             then=_refuse_by("strategy"),
+            refuses="unsupported-precision",
+        ),
+        Rule(
+            id="precision/refused-by-strategy-on-accelerator",
+            doc="The strategy's row refuses it on this accelerator, with the reason "
+            "(DeepSpeed's CPU accelerator has no float16).",
+            when=lambda c: _refused_on_accelerator(c) is not None,
+            then=_refuse_on_accelerator,
             refuses="unsupported-precision",
         ),
         Rule(

@@ -62,6 +62,8 @@ PROFILES: tuple[Profile, ...] = (
             environment="no-fork",
             machine=Machine(cuda_devices=2,
                             start_methods=tuple(m for m in START_METHODS if m != "fork"))),
+    Profile(name="cpu-extras", description="CPU-only machine with deepspeed installed",
+            environment="", machine=Machine(packages=frozenset({"deepspeed"}))),
     Profile(name="cuda-8-extras",
             description="8 CUDA GPUs with deepspeed and transformer_engine installed",
             environment="",

@@ -7,8 +7,10 @@ any accelerator but cuda.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -30,15 +32,92 @@ if TYPE_CHECKING:
     from interlock.connector.planner import Plan
 
 
+#: the entry of a DeepSpeed checkpoint that lists the caller's plain entries
+CLIENT_KEYS = "interlock_client_keys"
+
+
 def import_deepspeed() -> Any:
-    """The deepspeed package, or an ImportError with the install hint."""
+    """The deepspeed package, or an ImportError with the install hint.
+
+    Importing deepspeed sets environment variables for the whole process
+    (``PYTORCH_NVML_BASED_CUDA_CHECK``); the caller's environment is left as it was.
+    """
+    before = dict(os.environ)
     try:
         import deepspeed
     except ImportError as exc:
         raise ImportError(
             f"DeepSpeedStrategy needs deepspeed: {INSTALL_HINTS['deepspeed']}"
         ) from exc
+    finally:
+        for name in set(os.environ) - set(before):
+            del os.environ[name]
+        os.environ.update(before)
     return deepspeed
+
+
+class DeepSpeedModule(StrategyModule):
+    """The engine's module. Under ZeRO stage 3 its parameters are partitioned across
+    the ranks, so ``state_dict()`` gathers them first (a collective: every rank calls
+    it) and returns full copies, as for every other strategy."""
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        engine = self.forward_module
+        if getattr(engine, "zero_optimization_stage", lambda: 0)() != 3:
+            return super().state_dict(*args, **kwargs)
+        deepspeed = import_deepspeed()
+        params = list(unwrap(self).parameters())
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            state = super().state_dict(*args, **kwargs)
+            return type(state)((k, v.detach().clone() if isinstance(v, torch.Tensor) else v)
+                               for k, v in state.items())
+
+
+class DeepSpeedOptimizer(Optimizer):
+    """The engine's optimizer as a torch ``Optimizer``.
+
+    ZeRO wraps the caller's optimizer (re-pointed at its flat partitions) in an object
+    that is not a torch Optimizer. This one stands for it: ``param_groups`` are the
+    caller's optimizer's own dicts, so a scheduler built on either drives what the
+    engine steps; ``zero_grad``, ``state_dict`` and ``load_state_dict`` are the
+    engine's (its partitioned state). The step is the engine's:
+    ``strategy.optimizer_step(optimizer)``.
+    """
+
+    def __init__(self, zero_optimizer: Any) -> None:  # no Optimizer.__init__: no params
+        self.zero_optimizer = zero_optimizer
+        inner = getattr(zero_optimizer, "optimizer", zero_optimizer)
+        self.defaults = dict(getattr(inner, "defaults", {}))
+        self._optimizer_step_pre_hooks = collections.OrderedDict()
+        self._optimizer_step_post_hooks = collections.OrderedDict()
+        self._optimizer_state_dict_pre_hooks = collections.OrderedDict()
+        self._optimizer_state_dict_post_hooks = collections.OrderedDict()
+        self._optimizer_load_state_dict_pre_hooks = collections.OrderedDict()
+        self._optimizer_load_state_dict_post_hooks = collections.OrderedDict()
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        groups: list[dict[str, Any]] = self.zero_optimizer.param_groups
+        return groups
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        inner = getattr(self.zero_optimizer, "optimizer", self.zero_optimizer)
+        return inner.state
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.zero_optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure: Any = None) -> Any:
+        raise RuntimeError("the DeepSpeed engine steps its optimizer: call "
+                           "strategy.optimizer_step(optimizer)")
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = self.zero_optimizer.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.zero_optimizer.load_state_dict(state_dict)
 
 
 class DeepSpeedStrategy(ParallelStrategy):
@@ -143,7 +222,10 @@ class DeepSpeedStrategy(ParallelStrategy):
             dist_init_required=False,
         )
         self._engine = engine
-        return StrategyModule(engine, module, self.precision), [optimizer]
+        # ZeRO wraps the caller's optimizer (re-pointed at its flat partitions) in an
+        # object that is not a torch Optimizer: hand back the caller's own, so that
+        # schedulers and references taken before keep driving what the engine steps
+        return DeepSpeedModule(engine, module, self.precision), [DeepSpeedOptimizer(optimizer)]
 
     def setup_module(self, module: nn.Module) -> StrategyModule:
         """An engine without an optimizer (inference); to train, use
@@ -153,7 +235,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         engine, _, _, _ = deepspeed.initialize(model=module, config=self.config,
                                                dist_init_required=False)
         self._engine = engine
-        return StrategyModule(engine, module, self.precision)
+        return DeepSpeedModule(engine, module, self.precision)
 
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         raise RuntimeError(
@@ -213,11 +295,23 @@ class DeepSpeedStrategy(ParallelStrategy):
         """A DeepSpeed checkpoint directory (every rank writes its partitions); the
         engine's module and optimizer are saved by the engine, plain values with them."""
         plain = self._plain_values(state)
-        self.engine.save_checkpoint(str(path), client_state=plain)
+        if CLIENT_KEYS in plain:
+            raise ValueError(f"{CLIENT_KEYS!r} is reserved in DeepSpeed checkpoints")
+        # which entries are the caller's: DeepSpeed returns its own with them on load
+        self.engine.save_checkpoint(str(path),
+                                    client_state={**plain, CLIENT_KEYS: sorted(plain)})
 
     def load_checkpoint(self, path: str | Path, state: dict[str, Any],
                         *, weights_only: bool = True) -> dict[str, Any]:
         plain = self._plain_values(state)
+        # every entry asked for must be there before the engine restores anything
+        saved = _saved_client_keys(Path(path))
+        if saved is not None:
+            missing = sorted(name for name in plain if name not in saved)
+            if missing:
+                raise CheckpointLoadError(
+                    str(path), f"checkpoint {str(path)!r} has no entries {missing}; "
+                    "nothing was loaded")
         load_path, client = self.engine.load_checkpoint(
             str(path), load_optimizer_states=True, load_lr_scheduler_states=False
         )
@@ -229,11 +323,17 @@ class DeepSpeedStrategy(ParallelStrategy):
                 str(path), f"checkpoint {str(path)!r} has no entries {missing}"
             )
         for name in plain:
-            state[name] = client.pop(name)
-        return dict(client)
+            state[name] = client[name]
+        # the caller's other entries; a checkpoint written by DeepSpeed directly does
+        # not say which are the caller's, so it gets every entry but the asked ones
+        theirs = client.get(CLIENT_KEYS, list(client))
+        return {k: client[k] for k in theirs if k in client and k not in plain
+                and k != CLIENT_KEYS}
 
     def _plain_values(self, state: Mapping[str, Any]) -> dict[str, Any]:
         engine_module = unwrap(self.engine.module) if self._engine is not None else None
+        # ZeRO's optimizer wraps the torch one and is not a torch Optimizer itself
+        engine_optimizer = getattr(self._engine, "optimizer", None)
         plain: dict[str, Any] = {}
         for name, value in state.items():
             if isinstance(value, nn.Module):
@@ -243,6 +343,24 @@ class DeepSpeedStrategy(ParallelStrategy):
                         f"{name!r} is not the module of this strategy's DeepSpeed engine; "
                         "DeepSpeed checkpoints hold exactly the engine's module"
                     )
-            elif not isinstance(value, Optimizer):
+            elif not (isinstance(value, Optimizer) or value is engine_optimizer):
                 plain[name] = value
         return plain
+
+
+def _saved_client_keys(path: Path) -> set[str] | None:
+    """The top-level entries of the newest DeepSpeed checkpoint under ``path`` (the
+    tag its ``latest`` file names), read without loading tensors; None when the layout
+    is not the one DeepSpeed writes by default (the engine then decides)."""
+    try:
+        tag = (path / "latest").read_text().strip()
+    except OSError:
+        return None
+    files = sorted((path / tag).glob("*model_states.pt"))
+    if not files:
+        return None
+    try:
+        loaded = torch.load(files[0], map_location="cpu", mmap=True, weights_only=False)
+    except Exception as error:  # a damaged file: say which
+        raise CheckpointLoadError(str(path), f"{files[0]} cannot be read: {error}") from error
+    return set(loaded) if isinstance(loaded, dict) else None

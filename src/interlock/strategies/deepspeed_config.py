@@ -36,8 +36,11 @@ def deepspeed_config(
         offload_parameters: keep parameters on ``remote_device`` (stage 3 only).
         remote_device: ``"cpu"``, or ``"nvme"`` (ZeRO-Infinity; needs ``nvme_path``).
         nvme_path: a directory on a fast local disk, for ``remote_device="nvme"``.
-        precision: the canonical precision: ``16-*`` enables DeepSpeed's fp16 with
-            dynamic loss scaling, ``bf16-*`` its bf16.
+        precision: the canonical precision: ``16-true`` enables DeepSpeed's fp16 with
+            dynamic loss scaling, ``bf16-true`` its bf16 (half-precision parameters,
+            float32 master weights in the optimizer); ``16-mixed`` and ``bf16-mixed``
+            keep float32 parameters and run the forward pass under torch's autocast
+            (``torch_autocast``), with dynamic loss scaling for ``16-mixed``.
         overrides: a dict (or a JSON file) merged over the result, key by key at
             every level, for anything else DeepSpeed accepts.
 
@@ -79,12 +82,22 @@ def deepspeed_config(
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
         "zero_allow_untested_optimizer": True,
+        # DeepSpeed clips at norm 1.0 unless told otherwise; plain PyTorch does not
+        # clip, and neither does any other strategy unless asked
+        "gradient_clipping": 0.0,
     }
-    if precision.startswith("16-"):
+    if offload_optimizer:
+        # the strategy steps the caller's torch optimizer; DeepSpeed would otherwise
+        # insist on its own CPU Adam (faster: pass it, or an optimizer section, yourself)
+        config["zero_force_ds_cpu_optimizer"] = False
+    if precision == "16-true":
         config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16,
                           "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
-    elif precision.startswith("bf16-"):
+    elif precision == "bf16-true":
         config["bf16"] = {"enabled": True}
+    elif precision in ("16-mixed", "bf16-mixed"):
+        dtype = "float16" if precision == "16-mixed" else "bfloat16"
+        config["torch_autocast"] = {"enabled": True, "dtype": dtype}
     return merge(config, _read_overrides(overrides))
 
 
