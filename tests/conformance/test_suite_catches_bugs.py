@@ -28,7 +28,7 @@ EXPECTED_FAILURES: dict[str, set[str]] = {
     "broken_prints_on_every_rank": {"rank_zero_print"},
     "broken_loads_halfway": {"load_refusal"},
     # relaunch reads what launch returns
-    "broken_drops_result": {"launch_result", "relaunch"},
+    "broken_drops_result": {"launch_result", "relaunch", "resharding"},
     "correct_ddp_subclass": set(),
 }
 

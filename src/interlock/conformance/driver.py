@@ -455,8 +455,9 @@ def _resharding(args: argparse.Namespace, spec: Any, workdir: Path) -> dict[str,
                             ("the load at world size 1", loaded)):
             # launch() must hand back rank 0's parameters: nothing to compare is a
             # failure, not a pass
-            if not (isinstance(value, dict) and value
-                    and all(isinstance(v, torch.Tensor) for v in value.values())):
+            params = value.get("params") if isinstance(value, dict) else None
+            if not (isinstance(params, dict) and params
+                    and all(isinstance(v, torch.Tensor) for v in params.values())):
                 raise CheckFailed(f"{what} returned {type(value).__name__} through "
                                   "launch(), not rank 0's parameters")
         torch.testing.assert_close(loaded, saved, rtol=0, atol=0)
