@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-from collections.abc import Iterator, Mapping, Sequence
+import pickle
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
 from torch import nn
@@ -20,16 +21,19 @@ from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.accelerators.xla import import_torch_xla
 from interlock.strategies.base import Strategy
 from interlock.strategies.checkpointing import PRECISION_KEY, missing_entries
-from interlock.strategies.collectives import Collective, SingleDeviceCollective
+from interlock.strategies.collectives import Collective, SingleDeviceCollective, TorchCollective
 from interlock.strategies.environments import ClusterEnvironment
 from interlock.strategies.io import CheckpointIO, CheckpointLoadError
 from interlock.strategies.io.xla_io import XLACheckpointIO
 from interlock.strategies.launchers import Launcher, XLALauncher
+from interlock.strategies.launchers.xla import torch_xla_environment
 from interlock.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 from interlock.strategies.precision import Precision
 
 if TYPE_CHECKING:
     from interlock.connector.planner import Plan
+
+T = TypeVar("T")
 
 
 def xla_device() -> torch.device:
@@ -52,6 +56,41 @@ def _join_xla_group(strategy: ParallelStrategy) -> None:
     strategy.accelerator.setup_device(strategy.root_device)
     strategy._collective.setup(backend="xla", init_method="xla://",
                                timeout=strategy.timeout)
+
+
+class XLACollective(TorchCollective):
+    """torch.distributed over torch_xla's ``xla`` backend, with object collectives
+    that work there.
+
+    The backend takes XLA tensors only, while torch's object collectives stage the
+    pickled bytes in CPU tensors for any backend they do not know; here the bytes
+    travel through ``xm.rendezvous`` (an all-gather of byte tensors on the XLA
+    device) instead, and every rank unpickles what it needs.
+    """
+
+    def _exchange(self, payload: bytes) -> list[bytes]:
+        import torch_xla.core.xla_model as xm
+
+        return list(xm.rendezvous("interlock-objects", payload))
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        return [pickle.loads(b) for b in self._exchange(pickle.dumps(obj))]
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        payloads = self._exchange(pickle.dumps(obj) if self.rank == src else b"")
+        return pickle.loads(payloads[src])
+
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        everyone = self._exchange(pickle.dumps(obj))
+        return [pickle.loads(b) for b in everyone] if self.rank == dst else None
+
+    def scatter_object(self, objs: list[Any] | None, src: int = 0) -> Any:
+        if self.rank == src and (objs is None or len(objs) != self.world_size):
+            raise ValueError(
+                f"scatter_object needs a list of {self.world_size} objects on rank {src}"
+            )
+        payloads = self._exchange(pickle.dumps(objs) if self.rank == src else b"")
+        return pickle.loads(payloads[src])[self.rank]
 
 
 class SingleDeviceXLAStrategy(Strategy):
@@ -87,6 +126,12 @@ class SingleDeviceXLAStrategy(Strategy):
     def collective(self) -> Collective:
         return self._collective
 
+    def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn`` here, as every single-process strategy does, and leave this
+        process's environment as it was (importing torch_xla writes into it)."""
+        with torch_xla_environment():
+            return super().launch(fn, *args, **kwargs)
+
     def setup_environment(self) -> None:
         self.accelerator.setup_device(self.root_device)
 
@@ -119,6 +164,7 @@ class XLAStrategy(ParallelStrategy):
         self.debug = debug
         self.sync_module_states = sync_module_states
         self._device: torch.device | None = None
+        self._collective = XLACollective()
 
     @classmethod
     def from_plan(cls, plan: Plan) -> XLAStrategy:
@@ -195,6 +241,7 @@ class XLAFSDPStrategy(ParallelStrategy):
                          timeout=timeout)
         self.fsdp_kwargs = {"auto_wrap_policy": auto_wrap_policy, **fsdp_kwargs}
         self._device: torch.device | None = None
+        self._collective = XLACollective()
 
     @classmethod
     def from_plan(cls, plan: Plan) -> XLAFSDPStrategy:
