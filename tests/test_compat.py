@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from collections.abc import Iterator
@@ -12,37 +13,108 @@ import pytest
 import interlock
 from interlock.connector.registry import unregister_strategy
 from interlock.connector.specs import StrategySpec
+from interlock.connector.tables import PRECISION_NAMES
 from interlock.matrix import compat
 from interlock.matrix.compat import (
+    DOCS_DIR,
+    ENVIRONMENTS,
     HTML_PATH,
     MARKDOWN_PATH,
-    REPORT_PATH,
+    MAX_MARKDOWN_LINE,
     compute,
+    environment_devices,
     load_report,
+    merge_reports,
+    read_report,
+    read_reports,
+    reason_template,
     render_html,
     render_markdown,
-    short_reason,
+    report_files,
 )
 from interlock.matrix.doctor import doctor_report, main, runners
 from interlock.matrix.profiles import profile_named
 
 ROOT = Path(__file__).resolve().parents[1]
 REGENERATE = "run `python -m interlock.matrix.compat` from the repository root to regenerate it"
+_FROM_SUPERSCRIPT = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹", "0123456789")
 
 
-def _row(markdown: str, accelerator: str, strategy: str) -> list[str]:
-    """The cells of one strategy's row in one accelerator's markdown table."""
-    section = markdown.split(f"## Accelerator `{accelerator}`", 1)[1].split("\n## ", 1)[0]
-    for line in section.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if cells[0] == f"`{strategy}`":
-            return cells[1:]
-    raise AssertionError(f"no row for {strategy!r} in the {accelerator} table")
+# --------------------------------------------------------------------------- reading pages
+
+
+def _md_section(markdown: str, heading: str) -> str:
+    return markdown.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _accelerator(markdown: str, accelerator: str) -> str:
+    return _md_section(markdown, f"Accelerator `{accelerator}`")
+
+
+def _environments(markdown: str) -> str:
+    return _md_section(markdown, "Launch environments")
+
+
+def _table(section: str) -> tuple[list[str], dict[str, list[str]]]:
+    """The header and the rows (by strategy) of the one table in a section."""
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    split = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
+    header, rows = split[0], split[2:]
+    return header, {row[0]: row[1:] for row in rows}
+
+
+def _split_note(cell: str) -> tuple[str, int | None]:
+    """A cell's text and the number of its note (None without one)."""
+    match = re.fullmatch(r"(.*?)([⁰¹²³⁴⁵⁶⁷⁸⁹]+)", cell)
+    if match is None:
+        return cell, None
+    return match[1], int(match[2].translate(_FROM_SUPERSCRIPT))
+
+
+def _notes(section: str) -> dict[int, str]:
+    """The numbered notes under a section's table, each joined onto one line."""
+    notes: dict[int, str] = {}
+    current: int | None = None
+    for line in section.split("\nNotes:\n", 1)[1].splitlines():
+        match = re.match(r"(\d+)\. (.*)", line)
+        if match:
+            current = int(match[1])
+            notes[current] = match[2]
+        elif line.startswith(" ") and current is not None:
+            notes[current] += " " + line.strip()
+        else:
+            current = None
+    return notes
+
+
+def _collapsed(section: str) -> dict[str, str]:
+    """strategy -> the "code + note" text of the collapsed line that lists it."""
+    found: dict[str, str] = {}
+    text = section.split("refused for one reason in every column.", 1)
+    if len(text) == 1:
+        return found
+    items = re.split(r"\n- ", "\n" + text[1].split("\n\n", 2)[1])
+    for item in filter(None, items):
+        names, _, outcome = " ".join(item.split()).rpartition(": ")
+        for name in re.findall(r"`([^`]+)`", names.split(" — ")[0]):
+            found[name] = outcome.strip("`").replace("`", "")
+    return found
 
 
 def _cell(markdown: str, accelerator: str, strategy: str, precision: str) -> str:
-    index = interlock.connector.tables.PRECISION_NAMES.index(precision)
-    return _row(markdown, accelerator, strategy)[index]
+    """What an accelerator table shows for one cell (a collapsed row's code too)."""
+    section = _accelerator(markdown, accelerator)
+    _, rows = _table(section) if "\n|" in section else ([], {})
+    if strategy in rows:
+        return rows[strategy][PRECISION_NAMES.index(precision)]
+    collapsed = _collapsed(section)
+    assert strategy in collapsed, f"no row for {strategy!r} in the {accelerator} table"
+    return collapsed[strategy]
+
+
+def _env_row(markdown: str, strategy: str) -> dict[str, str]:
+    header, rows = _table(_environments(markdown))
+    return dict(zip(header[1:], rows[strategy], strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -50,84 +122,371 @@ def markdown() -> str:
     return render_markdown(report=None)
 
 
+# --------------------------------------------------------------------------- fake reports
+
+
+def _record(status: str = "passed", check: str = "training_parity",
+            precision: str = "32-true", strategy: str = "ddp", runner: str = "cpu",
+            world_size: str = "2") -> dict[str, str]:
+    return {"strategy": strategy, "runner": runner, "world_size": world_size,
+            "precision": precision, "check": check, "status": status, "message": ""}
+
+
+def _declaration(strategy: str = "ddp", runner: str = "cpu") -> dict[str, str]:
+    return _record(check="declaration", precision="*", strategy=strategy, runner=runner,
+                   world_size="*")
+
+
+def _write_report(directory: Path, records: list[dict[str, str]],
+                  name: str = "conformance-report.json",
+                  **top: object) -> Path:
+    path = directory / name
+    body = {"interlock": "0", "torch": "0", "machine": {}, **top, "records": records}
+    path.write_text(json.dumps(body), encoding="utf-8")
+    return path
+
+
+# --------------------------------------------------------------------------- committed docs
+
+
 @pytest.mark.parametrize(("path", "render"), [(MARKDOWN_PATH, render_markdown),
                                               (HTML_PATH, render_html)])
 def test_committed_docs_match_the_code(path: Path, render: object) -> None:
     assert callable(render)
     committed = (ROOT / path).read_text(encoding="utf-8")
-    assert committed == render(report=ROOT / REPORT_PATH), f"{path} is stale: {REGENERATE}"
+    assert committed == render(report=ROOT / DOCS_DIR), f"{path} is stale: {REGENERATE}"
+
+
+def test_committed_docs_verify_the_cpu_runs() -> None:
+    # The committed CPU report runs ddp at world sizes 1 and 2 and single_device at 1.
+    text = (ROOT / MARKDOWN_PATH).read_text(encoding="utf-8")
+    assert _cell(text, "cpu", "ddp", "32-true").startswith("✓ verified")
+    env = _env_row(text, "ddp")
+    assert _split_note(env["local"])[0] == "✓ subprocess, verified"
+    assert _split_note(env["torchrun"])[0] == "✓ external"
+    assert _split_note(_env_row(text, "single_device")["local"])[0] == "✓ in-process, verified"
+
+
+# --------------------------------------------------------------------------- cells
 
 
 @pytest.mark.parametrize(
     ("accelerator", "strategy", "precision", "expected"),
     [
-        ("cpu", "fsdp", "64-true", "`unsupported-precision`"),
+        ("cpu", "fsdp", "64-true", "unsupported-precision"),
         ("cpu", "ddp", "16-mixed", "✓ declared"),
+        ("cpu", "deepspeed", "32-true", "✓ declared"),
+        ("cpu", "deepspeed_stage_3", "16-mixed", "unsupported-precision"),
+        ("mps", "deepspeed", "32-true", "unsupported-accelerator"),
         ("cuda", "deepspeed", "bf16-mixed", "✓ declared"),
         ("cuda", "ddp", "transformer-engine", "✓ declared"),
-        ("xla", "fsdp", "32-true", "`unsupported-accelerator`"),
+        ("xla", "fsdp", "32-true", "unsupported-accelerator"),
         ("xla", "xla", "bf16-true", "✓ declared"),
-        ("xla", "xla", "bf16-mixed", "`unsupported-precision`"),
-        ("mps", "single_device", "64-true", "`unsupported-precision`"),
+        ("xla", "xla", "bf16-mixed", "unsupported-precision"),
+        ("mps", "single_device", "64-true", "unsupported-precision"),
     ],
 )
 def test_cells_say_what_the_engine_says(markdown: str, accelerator: str, strategy: str,
                                         precision: str, expected: str) -> None:
-    cell = _cell(markdown, accelerator, strategy, precision)
-    assert cell.startswith(expected), (
-        f"{accelerator}/{strategy}/{precision}: the table shows {cell!r}, expected it to "
-        f"start with {expected!r}"
+    cell = _split_note(_cell(markdown, accelerator, strategy, precision))[0]
+    assert cell == expected, (
+        f"{accelerator}/{strategy}/{precision}: the table shows {cell!r}, expected {expected!r}"
     )
 
 
-def test_refused_cells_agree_with_plan(markdown: str) -> None:
-    machine = profile_named("cpu-laptop").machine
+def test_refused_cell_shows_code_and_note_gives_reason(markdown: str) -> None:
+    machine = profile_named("cpu-extras").machine
     with pytest.raises(interlock.ResolutionError) as info:
         interlock.plan(accelerator="cpu", devices=2, strategy="fsdp", precision="64-true",
                        machine=machine)
-    cell = _cell(markdown, "cpu", "fsdp", "64-true")
-    assert cell == f"`{info.value.code}`: {short_reason(info.value.reason)}"
+    code, note = _split_note(_cell(markdown, "cpu", "fsdp", "64-true"))
+    assert code == info.value.code and note is not None
+    # the note is shared with the DeepSpeed rows, refused 64-true for the same reason
+    assert _notes(_accelerator(markdown, "cpu"))[note] == (
+        f"`{code}`: {reason_template(info.value.reason, 'fsdp')}")
 
 
 def test_cuda_table_says_packages_are_installed(markdown: str) -> None:
-    section = markdown.split("## Accelerator `cuda`", 1)[1].split("\n## ", 1)[0]
-    assert "deepspeed and transformer_engine are installed" in section
+    section = _accelerator(markdown, "cuda")
+    assert "deepspeed and transformer_engine are installed" in " ".join(section.split())
     assert "missing-package" not in section
 
 
-def test_presets_are_listed_not_rows(markdown: str) -> None:
-    assert "`ddp_find_unused_parameters_true` (of `ddp`)" in markdown
-    assert "| `ddp_find_unused_parameters_true`" not in markdown
+def test_presets_paragraph_printed_once(markdown: str) -> None:
+    flat = " ".join(markdown.split())
+    assert flat.count("Presets are not shown as rows") == 1
+    assert "`ddp_find_unused_parameters_true` (of `ddp`)" in flat
+    assert "| ddp_find_unused_parameters_true" not in markdown
+    page = render_html(report=None)
+    assert page.count("Presets are not shown as rows") == 1
+
+
+# --------------------------------------------------------------------------- readability
+
+
+def test_markdown_lines_are_short(markdown: str, tmp_path: Path) -> None:
+    # The widest case: every cell of the cuda and xla tables verified, with notes.
+    records = [_record(strategy=s.name, runner=r, precision=p)
+               for s in compat.builtin_specs() for r in ("cpu", "cuda", "tpu")
+               for p in PRECISION_NAMES]
+    report = _write_report(tmp_path, records, date="2031-12-24",
+                           runners={"tpu": "xla-cpu", "cuda": "NVIDIA H200"})
+    for text in (markdown, render_markdown(report=report),
+                 (ROOT / MARKDOWN_PATH).read_text(encoding="utf-8")):
+        long = [line for line in text.splitlines() if len(line) > MAX_MARKDOWN_LINE]
+        assert not long, f"{len(long)} lines over {MAX_MARKDOWN_LINE} characters: {long[0]}"
+        prose = [line for line in text.splitlines()
+                 if not line.startswith("|") and len(line) > compat.PROSE_WIDTH + 40]
+        assert not prose, prose
+
+
+def test_each_distinct_reason_printed_once_per_table(markdown: str) -> None:
+    data = compute()
+    grids = [(_accelerator(markdown, t.accelerator), t.grid) for t in data.accelerators]
+    grids.append((_environments(markdown), data.environments.grid))
+    for section, grid in grids:
+        notes = _notes(section)
+        assert len(set(notes.values())) == len(notes), f"a note repeats: {notes}"
+        for spec, cells in grid.rows:
+            for cell in cells:
+                if cell.ok:
+                    continue
+                exact = f"`{cell.code}`: {cell.reason}"
+                shared = f"`{cell.code}`: {reason_template(cell.reason, spec.name)}"
+                found = [n for n in notes.values() if n in (exact, shared)]
+                assert len(found) == 1, f"{spec.name}: {exact!r} is in {len(found)} notes"
+                # the reason lives in the note, never in the cells
+                assert section.count(cell.reason) <= 1
+
+
+def test_rows_refused_for_one_reason_collapse(markdown: str) -> None:
+    section = _accelerator(markdown, "mps")
+    _, rows = _table(section)
+    ds = [s.name for s in compat.builtin_specs()
+          if s.name.startswith("deepspeed") and s.variant_of is None]
+    assert not set(ds) & set(rows), "fully refused rows are not table rows"
+    lines = [line for line in section.split("\n- ")[1:] if "`deepspeed_stage_1`" in line]
+    assert len(lines) == 1
+    assert "all precisions: `unsupported-accelerator`" in " ".join(lines[0].split())
+    collapsed = _collapsed(section)
+    assert {collapsed[name] for name in ds} == {collapsed["deepspeed"]}
+    note = _split_note(collapsed["deepspeed"])[1]
+    assert note is not None
+    assert _notes(section)[note].startswith(
+        "`unsupported-accelerator`: '{strategy}' runs on cpu, cuda")
+    # a row refused in some columns only stays a row
+    assert "single_device" in rows
+
+
+def test_wrap_never_opens_a_block() -> None:
+    text = " ".join(["word"] * 12 + ["-", "3.", "#", ">", "+", "12)", "end"] * 3)
+    lines = compat.wrap(text, width=16, first="- ", rest="  ")
+    assert " ".join(" ".join(lines)[2:].split()) == text
+    for line in lines[1:]:
+        assert not re.match(r"\s*(?:[-+*>#|=]|\d+[.)])", line), line
+
+
+# --------------------------------------------------------------------------- environments
 
 
 def test_environment_table(markdown: str) -> None:
-    section = markdown.split("## Launch environments", 1)[1].split("\n## ", 1)[0]
-    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip().strip("|").split("|")]
-            for line in section.splitlines() if line.startswith("| `")}
-    header = next(line for line in section.splitlines() if line.startswith("| strategy"))
-    columns = [c.strip() for c in header.strip().strip("|").split("|")]
-    assert columns == ["strategy", "local", "notebook", "torchrun", "slurm", "no-fork"]
-    ddp = dict(zip(columns, rows["`ddp`"], strict=True))
+    header, _ = _table(_environments(markdown))
+    assert header == ["strategy", *ENVIRONMENTS]
+    ddp = {k: _split_note(v)[0] for k, v in _env_row(markdown, "ddp").items()}
     assert ddp["local"] == "✓ subprocess"
-    assert ddp["notebook"].startswith("`interactive-incompatible`")
+    assert ddp["notebook"] == "interactive-incompatible"
     assert ddp["torchrun"] == "✓ external"
     assert ddp["slurm"] == "✓ external"
-    notebook = dict(zip(columns, rows["`ddp_notebook`"], strict=True))
+    notebook = {k: _split_note(v)[0] for k, v in _env_row(markdown, "ddp_notebook").items()}
     assert notebook["notebook"] == "✓ fork"
-    assert notebook["no-fork"].startswith("`start-method-unavailable`")
-    single = dict(zip(columns, rows["`single_device`"], strict=True))
-    assert single["local"] == "✓ in-process"
+    assert notebook["no-fork"] == "start-method-unavailable"
 
 
-def test_markdown_cells_have_no_raw_pipes() -> None:
-    assert "|" not in compat._md_cell(compat.Outcome(ok=False, code="invalid-plugin",
-                                                     reason="a | b"))
+def test_one_device_strategies_get_one_device_everywhere(markdown: str) -> None:
+    spec = interlock.strategy_specs()["single_device"]
+    assert spec.max_devices == 1
+    assert all(environment_devices(spec, e) == 1 for e in ENVIRONMENTS)
+    assert environment_devices(interlock.strategy_specs()["ddp"], "torchrun") == 8
+    single = {k: _split_note(v)[0] for k, v in _env_row(markdown, "single_device").items()}
+    assert single["no-fork"] == "✓ in-process", "not invalid-devices: it asks for devices=1"
+    assert single["local"] == single["notebook"] == "✓ in-process"
+    assert "invalid-devices" not in _environments(markdown)
 
 
-def test_short_reason_is_first_sentence_and_bounded() -> None:
-    assert short_reason("One thing. Another thing.") == "One thing."
-    long = short_reason("x" * 200)
-    assert len(long) <= compat.SHORT_REASON and long.endswith("…")
+def _env_outcomes(report: Path, strategy: str) -> dict[str, compat.Outcome]:
+    data = compute(verification=merge_reports(read_reports(report)))
+    cells = dict((spec.name, cells) for spec, cells in data.environments.grid.rows)[strategy]
+    return dict(zip(ENVIRONMENTS, cells, strict=True))
+
+
+def test_environment_cells_verified_from_the_report(tmp_path: Path) -> None:
+    records = [_declaration(), _record(world_size="1"), _record(world_size="2"),
+               _record(check="collectives", precision="*", world_size="2")]
+    for name in ("ddp_fork", "ddp_notebook"):
+        records += [_declaration(name), _record(strategy=name)]
+    report = _write_report(tmp_path, records, date="2030-05-06", runners={"cpu": "cpu"})
+    ddp = _env_outcomes(report, "ddp")
+    assert ddp["local"].verified
+    assert ddp["local"].evidence is not None and ddp["local"].evidence.world_sizes == (2,)
+    # resolved, but a cluster launch or another platform is not what the runner exercised
+    assert ddp["torchrun"].ok and not ddp["torchrun"].verified
+    assert ddp["slurm"].ok and not ddp["slurm"].verified
+    assert ddp["no-fork"].ok and not ddp["no-fork"].verified
+    # the CPU runner does not run inside a notebook
+    assert not _env_outcomes(report, "ddp_notebook")["notebook"].verified
+    assert _env_outcomes(report, "ddp_notebook")["local"].verified
+    text = render_markdown(report=report)
+    cell, note = _split_note(_env_row(text, "ddp")["local"])
+    assert cell == "✓ subprocess, verified" and note is not None
+    assert "`cpu` runner at world size 2" in _notes(_environments(text))[note]
+    assert "2030-05-06" in _notes(_environments(text))[note]
+
+
+def test_environment_cell_needs_its_world_size(tmp_path: Path) -> None:
+    # ddp's local cell launches 2 processes; a run at world size 1 does not cover it,
+    # while the accelerator table (any world size the runner launched) is verified.
+    report = _write_report(tmp_path, [_declaration(), _record(world_size="1")])
+    assert not _env_outcomes(report, "ddp")["local"].verified
+    text = render_markdown(report=report)
+    assert _split_note(_cell(text, "cpu", "ddp", "32-true"))[0] == "✓ verified"
+    # single_device's cell launches 1 process
+    single = _write_report(tmp_path, [_record(strategy="single_device", world_size="1")],
+                           name="conformance-report-single.json")
+    assert _env_outcomes(single, "single_device")["local"].verified
+    assert _env_outcomes(single, "single_device")["no-fork"].ok
+    assert not _env_outcomes(single, "single_device")["no-fork"].verified
+
+
+# --------------------------------------------------------------------------- reports
+
+
+def test_report_absent_verifies_nothing(tmp_path: Path) -> None:
+    assert load_report(tmp_path / "missing.json") == {}
+    assert read_reports(tmp_path) == ()
+    assert read_reports(None) == ()
+
+
+def test_report_cell_verified_when_a_check_ran_and_none_failed(tmp_path: Path) -> None:
+    passed = _write_report(tmp_path, [
+        _declaration(), _record(), _record("skipped", "scaler_skip"),
+        _record("xfailed", "clipping"), _record(check="collectives", precision="*"),
+    ])
+    assert set(load_report(passed)) == {("ddp", "cpu", "32-true")}, "skips are neutral"
+    failed = _write_report(tmp_path, [_record(), _record("failed", "init_contexts")])
+    assert load_report(failed) == {}
+    any_failed = _write_report(tmp_path, [_record(), _record("failed", "collectives", "*")])
+    assert load_report(any_failed) == {}, "a failed '*' check counts for every precision"
+    not_run = _write_report(tmp_path, [_record(), _record("not run", "clipping")])
+    assert load_report(not_run) == {}, "a check that did not run spoils it"
+    declaration_failed = _write_report(tmp_path, [_record(), {**_declaration(),
+                                                              "status": "failed"}])
+    assert load_report(declaration_failed) == {}
+    only_skips = _write_report(tmp_path, [_record("skipped", "scaler_skip")])
+    assert load_report(only_skips) == {}
+    only_xfailed = _write_report(tmp_path, [_record("xfailed")])
+    assert load_report(only_xfailed) == {}, "an expected failure proves nothing"
+    other_precision = _write_report(tmp_path, [_record(), _record("failed", precision="16-true")])
+    assert set(load_report(other_precision)) == {("ddp", "cpu", "32-true")}
+
+
+def test_a_report_that_checked_nothing_verifies_nothing(tmp_path: Path) -> None:
+    # Only the declaration passed (say every launch was skipped): nothing ran in ranks.
+    only_declaration = _write_report(tmp_path, [
+        _declaration(), _record("skipped"), _record("skipped", check="collectives",
+                                                    precision="*"),
+    ])
+    assert load_report(only_declaration) == {}
+    text = render_markdown(report=only_declaration)
+    assert _cell(text, "cpu", "ddp", "32-true") == "✓ declared"
+    assert _split_note(_env_row(text, "ddp")["local"])[0] == "✓ subprocess"
+    # precision-independent checks alone do not verify a precision either
+    star_only = _write_report(tmp_path, [_record(check="collectives", precision="*"),
+                                         _record("skipped")])
+    assert load_report(star_only) == {}
+
+
+def test_report_marks_cells_verified(tmp_path: Path) -> None:
+    report = _write_report(tmp_path, [_declaration(), _record()], date="2030-01-02")
+    text = render_markdown(report=report)
+    assert _split_note(_cell(text, "cpu", "ddp", "32-true"))[0] == "✓ verified"
+    assert _cell(text, "cpu", "ddp", "16-mixed") == "✓ declared"
+    # the cpu runner's results say nothing about cuda
+    assert _cell(text, "cuda", "ddp", "32-true") == "✓ declared"
+    assert 'class="verified"' in render_html(report=report)
+
+
+def test_verified_cell_names_runner_and_date(tmp_path: Path) -> None:
+    report = _write_report(tmp_path, [_declaration(), _record()], date="2030-01-02",
+                           runners={"cpu": "cpu"})
+    text = render_markdown(report=report)
+    _, note = _split_note(_cell(text, "cpu", "ddp", "32-true"))
+    assert note is not None
+    assert _notes(_accelerator(text, "cpu"))[note] == (
+        "verified by the `cpu` runner at world size 2: every check that ran passed; report "
+        "dated 2030-01-02 ([conformance-report.json](conformance-report.json)).")
+    page = render_html(report=report)
+    cell = re.search(r'<td class="verified" title="([^"]*)">✓ verified'
+                     r'<sup><a href="#cpu-(\d+)">', page)
+    assert cell is not None
+    assert "cpu runner" in cell[1] and "2030-01-02" in cell[1]
+    assert re.search(rf'<li id="cpu-{cell[2]}">verified by the <code>cpu</code> runner'
+                     r'[^<]*2030-01-02', page)
+    # an older report without a date says so
+    undated = _write_report(tmp_path, [_declaration(), _record()], name="old.json")
+    text = render_markdown(report=undated)
+    _, note = _split_note(_cell(text, "cpu", "ddp", "32-true"))
+    assert note is not None and "undated report" in _notes(_accelerator(text, "cpu"))[note]
+
+
+def test_multiple_reports_merge(tmp_path: Path) -> None:
+    _write_report(tmp_path, [_declaration(), _record(), _record(precision="16-true")],
+                  date="2030-01-02", runners={"cpu": "cpu"})
+    _write_report(tmp_path, [_record(strategy="xla", runner="tpu", precision="bf16-true",
+                                     world_size="1")],
+                  name="conformance-report-xla.json", date="2030-02-03",
+                  runners={"tpu": "xla-cpu"})
+    # a newer CPU run of one precision, and an undated one
+    _write_report(tmp_path, [_record()], name="conformance-report-cpu2.json",
+                  date="2030-03-04", runners={"cpu": "cpu"})
+    _write_report(tmp_path, [_record(precision="16-true", world_size="1")],
+                  name="conformance-report-old.json")
+    (tmp_path / "conformance-reports.json").write_text("not a report", encoding="utf-8")
+    (tmp_path / "notes.json").write_text("[]", encoding="utf-8")
+    assert [p.name for p in report_files(tmp_path)] == [
+        "conformance-report-cpu2.json", "conformance-report-old.json",
+        "conformance-report-xla.json", "conformance-report.json"]
+    merged = merge_reports(read_reports(tmp_path))
+    assert [e.date for e in merged[("ddp", "cpu", "32-true")]] == ["2030-03-04", "2030-01-02"]
+    assert [e.date for e in merged[("ddp", "cpu", "16-true")]] == ["2030-01-02", ""]
+    assert merged[("xla", "tpu", "bf16-true")][0].place == "tpu on xla-cpu"
+
+    text = render_markdown(report=tmp_path)
+    cpu = _notes(_accelerator(text, "cpu"))
+    assert "2030-03-04" in cpu[_split_note(_cell(text, "cpu", "ddp", "32-true"))[1] or 0]
+    assert "2030-01-02" in cpu[_split_note(_cell(text, "cpu", "ddp", "16-true"))[1] or 0]
+    xla_cell, xla_note = _split_note(_cell(text, "xla", "xla", "bf16-true"))
+    assert xla_cell == "✓ verified" and xla_note is not None
+    assert _notes(_accelerator(text, "xla"))[xla_note] == (
+        "verified by the `tpu` runner on xla-cpu at world size 1: every check that ran "
+        "passed; report dated 2030-02-03 "
+        "([conformance-report-xla.json](conformance-report-xla.json)).")
+    assert _cell(text, "xla", "xla", "32-true") == "✓ declared"
+    generated = " ".join(_md_section(text, "Generated with").split())
+    assert "[conformance-report-old.json](conformance-report-old.json): undated" in generated
+    assert "`tpu` on xla-cpu" in generated
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"not": "a list"}, {"records": 3}, [{"strategy": "ddp"}], ["x"],
+     {"records": [], "date": "yesterday"}, {"records": [], "runners": ["cpu"]},
+     [{**_record(), "world_size": 2}]],
+)
+def test_malformed_report_is_refused(tmp_path: Path, body: object) -> None:
+    path = tmp_path / "conformance-report.json"
+    path.write_text(json.dumps(body), encoding="utf-8")
+    with pytest.raises(ValueError, match="conformance report"):
+        read_report(path)
 
 
 def test_markdown_is_stable_and_machine_free(markdown: str) -> None:
@@ -136,58 +495,11 @@ def test_markdown_is_stable_and_machine_free(markdown: str) -> None:
     assert render_markdown(report=None) == markdown
     assert torch.__version__ not in markdown
     assert f"interlock {interlock.__version__}" in markdown
-    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", markdown), "no dates in generated docs"
-
-
-# --------------------------------------------------------------------------- report
-
-
-def _write_report(tmp_path: Path, records: object) -> Path:
-    path = tmp_path / "conformance-report.json"
-    path.write_text(json.dumps(records), encoding="utf-8")
-    return path
-
-
-def _record(status: str, check: str = "training_parity",
-            precision: str = "32-true") -> dict[str, str]:
-    return {"strategy": "ddp", "runner": "cpu", "precision": precision, "check": check,
-            "status": status}
-
-
-def test_report_absent_verifies_nothing(tmp_path: Path) -> None:
-    assert load_report(tmp_path / "missing.json") == frozenset()
-
-
-def test_report_cell_verified_when_a_check_passed_and_none_failed(tmp_path: Path) -> None:
-    passed = _write_report(tmp_path, {"records": [
-        _record("passed"), _record("skipped", "scaler_skip"),
-        _record("passed", "collectives", "*"),
-    ]})
-    assert load_report(passed) == {("ddp", "cpu", "32-true")}, "a skip is neutral"
-    failed = _write_report(tmp_path, [_record("passed"), _record("failed", "init_contexts")])
-    assert load_report(failed) == frozenset()
-    any_failed = _write_report(tmp_path, [_record("passed"),
-                                          _record("failed", "collectives", "*")])
-    assert load_report(any_failed) == frozenset(), "a failed '*' check counts for every cell"
-    only_skips = _write_report(tmp_path, [_record("skipped", "scaler_skip")])
-    assert load_report(only_skips) == frozenset()
-
-
-def test_report_marks_cells_verified(tmp_path: Path) -> None:
-    report = _write_report(tmp_path, [_record("passed")])
-    text = render_markdown(report=report)
-    assert _cell(text, "cpu", "ddp", "32-true") == "✓ verified"
-    assert _cell(text, "cpu", "ddp", "16-mixed") == "✓ declared"
-    # the cpu runner's results say nothing about cuda
-    assert _cell(text, "cuda", "ddp", "32-true") == "✓ declared"
-    assert 'class="verified"' in render_html(report=report)
-
-
-@pytest.mark.parametrize("records", [{"not": "a list"}, {"records": 3}, [{"strategy": "ddp"}],
-                                     ["x"]])
-def test_malformed_report_is_refused(tmp_path: Path, records: object) -> None:
-    with pytest.raises(ValueError, match="conformance report"):
-        load_report(_write_report(tmp_path, records))
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", markdown), "no dates without reports"
+    committed = (ROOT / MARKDOWN_PATH).read_text(encoding="utf-8")
+    dates = {r.date for r in read_reports(ROOT / DOCS_DIR)}
+    assert set(re.findall(r"\b20\d\d-\d\d-\d\d\b", committed)) <= dates, (
+        "the only dates are those of the committed reports")
 
 
 # --------------------------------------------------------------------------- html
@@ -202,16 +514,41 @@ def test_html_is_self_contained() -> None:
     assert "<style>" in page
 
 
+def test_html_fits_1000px() -> None:
+    page = render_html(report=ROOT / DOCS_DIR)
+    css = page.split("<style>", 1)[1].split("</style>", 1)[0]
+    assert "max-width: 1000px" in css
+    assert re.search(r"table\.grid \{[^}]*table-layout: fixed;[^}]*width: 100%", css)
+    assert re.search(r"code \{[^}]*white-space: nowrap", css)
+    assert re.search(r"code\.words span \{[^}]*white-space: nowrap", css)
+    # long headers are abbreviated, with the full name on hover
+    assert '<th><abbr title="transformer-engine-float16">te-float16</abbr></th>' in page
+    # nothing that cannot wrap is wider than a narrow column: codes and names break
+    # only between their words
+    for table in re.findall(r'<table class="grid">.*?</table>', page, flags=re.S):
+        body = re.sub(r"<caption>.*?</caption>", "", table, flags=re.S)
+        units = re.findall(r"<span>([^<]*)</span>|<code>([^<]*)</code>", body)
+        widest = max(len(a or b) for a, b in units)
+        assert widest <= 12, f"an unbreakable piece of {widest} characters"
+
+
 def test_html_marks_refusals_with_full_reason() -> None:
     page = render_html(report=None)
-    machine = profile_named("cpu-laptop").machine
+    machine = profile_named("cpu-extras").machine
     with pytest.raises(interlock.ResolutionError) as info:
         interlock.plan(accelerator="cpu", devices=2, strategy="fsdp", precision="64-true",
                        machine=machine)
-    import html
-
     title = f'title="{html.escape(info.value.reason, quote=True)}"'
-    assert f'<td class="refused" {title}><code>unsupported-precision</code></td>' in page
+    code = ('<code class="words"><span>unsupported-</span><wbr><span>precision</span>'
+            "</code>")
+    match = re.search(rf'<td class="refused" {re.escape(title)}>{re.escape(code)}'
+                      r'<sup><a href="#cpu-(\d+)">\d+</a></sup></td>', page)
+    assert match is not None
+    # shared with the DeepSpeed rows, refused 64-true for the same reason
+    shared = reason_template(info.value.reason, "fsdp")
+    note = (f'<li id="cpu-{match[1]}"><code>unsupported-precision</code>: '
+            f"{html.escape(shared, quote=True)}</li>")
+    assert page.count(note) == 1
 
 
 @pytest.fixture
@@ -242,7 +579,7 @@ def test_html_escapes_registered_text(odd_strategy: interlock.StrategySpec) -> N
     text = render_markdown(specs=specs, report=None)
     assert _cell(text, "cpu", "compat_test_markup", "32-true") == "✓ declared"
     assert _cell(text, "cpu", "compat_test_markup", "64-true").startswith(
-        "`unsupported-precision`")
+        "unsupported-precision")
 
 
 def test_html_escapes_reasons() -> None:
@@ -251,10 +588,16 @@ def test_html_escapes_reasons() -> None:
     assert "<img" not in cell and "&lt;img src=x&gt; &amp; &quot;q&quot;" in cell
 
 
+def test_markdown_notes_escape_reasons() -> None:
+    note = compat._md_note(compat.Note(number=1, code="invalid-plugin",
+                                       reason="a | b <i>*x*</i>"))
+    assert "<i>" not in note and "*x*" not in note and "|" not in note
+
+
 def test_compute_covers_every_accelerator_and_strategy() -> None:
     data = compute()
     assert [t.accelerator for t in data.accelerators] == ["cpu", "cuda", "mps", "xla"]
-    names = [spec.name for spec, _, _ in data.accelerators[0].rows]
+    names = [spec.name for spec, _ in data.accelerators[0].grid.rows]
     assert "ddp" in names and "deepspeed_stage_3" in names
     assert not any("find_unused" in n for n in names)
 

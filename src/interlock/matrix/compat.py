@@ -2,12 +2,13 @@
 
 Every cell is the answer `plan()` gives on a named machine profile; nothing here states
 a compatibility fact of its own. A cell that resolves is "declared" (the strategy's row
-says it works and the engine agrees) or "verified" (a conformance report says every
-check for it passed on the runner of that accelerator).
+says it works and the engine agrees) or "verified" (a conformance report records a run
+that exercised it; see :func:`read_report` for the exact rule).
 
 The files must be byte-for-byte stable across machines (a test compares them with the
-code), so they hold no dates, no runtime torch version and nothing probed from the
-machine that renders them.
+code), so they hold no date of their own, no runtime torch version and nothing probed
+from the machine that renders them: the only dates are those written in the committed
+conformance reports.
 
 Run ``python -m interlock.matrix.compat [ROOT]`` to rewrite both files under ROOT/docs.
 """
@@ -18,15 +19,16 @@ import html
 import json
 import re
 import sys
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 import interlock
 from interlock.connector.builtin import BUILTIN_STRATEGIES
 from interlock.connector.errors import ResolutionError
-from interlock.connector.planner import DevicesFlag, plan
+from interlock.connector.planner import DevicesFlag, Plan, plan
 from interlock.connector.specs import StrategySpec
 from interlock.connector.tables import (
     ACCELERATOR_NAMES,
@@ -36,23 +38,26 @@ from interlock.connector.tables import (
 )
 from interlock.matrix.profiles import PROFILES, Profile, profile_named
 
-MARKDOWN_PATH = Path("docs") / "compatibility.md"
-HTML_PATH = Path("docs") / "compatibility.html"
-REPORT_PATH = Path("docs") / "conformance-report.json"
+DOCS_DIR = Path("docs")
+MARKDOWN_PATH = DOCS_DIR / "compatibility.md"
+HTML_PATH = DOCS_DIR / "compatibility.html"
+#: The main conformance report (the CPU run). Other runs sit beside it as
+#: ``conformance-report-<name>.json`` (for example -gpu, -xla, -deepspeed).
+REPORT_PATH = DOCS_DIR / "conformance-report.json"
+REPORT_PREFIX = "conformance-report"
 
 #: The machine profile each accelerator's table is computed on. cuda uses the profile
 #: with deepspeed and transformer_engine installed, so those rows show what the
 #: strategy supports rather than a missing package.
 ACCELERATOR_PROFILES: Mapping[str, str] = {
-    "cpu": "cpu-laptop",
+    "cpu": "cpu-extras",
     "cuda": "cuda-8-extras",
     "mps": "mps",
     "xla": "tpu-v4-8",
 }
 
 #: The conformance runner that exercises each accelerator (mps has none yet, so its
-#: cells can only be declared). The conformance package owns runners once it lands;
-#: until then this is the one place that names them.
+#: cells can only be declared).
 RUNNER_FOR_ACCELERATOR: Mapping[str, str] = MappingProxyType(
     {row.name: row.runner for row in ACCELERATORS if row.runner is not None}
 )
@@ -60,21 +65,241 @@ RUNNER_FOR_ACCELERATOR: Mapping[str, str] = MappingProxyType(
 #: Launch environments in table order (each is a profile's ``environment`` field).
 ENVIRONMENTS: tuple[str, ...] = ("local", "notebook", "torchrun", "slurm", "no-fork")
 
-#: (devices, num_nodes) per environment, fitting the profile's job geometry. None for
-#: devices means "2, or 1 when the strategy allows one device per node".
-_ENVIRONMENT_GEOMETRY: Mapping[str, tuple[int | None, int]] = {
-    "local": (None, 1),
-    "notebook": (None, 1),
+#: The launch environments a conformance run exercises. The driver resolves each
+#: strategy on the machine it runs on and starts the ranks with the strategy's own
+#: launcher, from a script, without a notebook, torchrun or SLURM around it: that is
+#: the "local" environment and nothing else. The other columns can only be declared.
+EXERCISED_ENVIRONMENTS: frozenset[str] = frozenset({"local"})
+
+#: (devices per node, num_nodes) per environment, fitting the profile's job geometry.
+#: A one-device strategy (``max_devices == 1``) is asked for 1 device instead.
+_ENVIRONMENT_GEOMETRY: Mapping[str, tuple[int, int]] = {
+    "local": (2, 1),
+    "notebook": (2, 1),
     "torchrun": (8, 2),
     "slurm": (4, 2),
     "no-fork": (2, 1),
 }
 
 ENVIRONMENT_PRECISION = "32-true"
-SHORT_REASON = 60
 
-#: A (strategy, runner, precision) triple that a conformance report marks as passed.
-Verified = frozenset[tuple[str, str, str]]
+#: Longest line the Markdown page may have. Prose is wrapped well below it; table lines
+#: cannot wrap, so their cells are kept short enough to stay under it.
+MAX_MARKDOWN_LINE = 240
+PROSE_WIDTH = 100
+
+#: In a note shared by several strategies, this stands for each row's strategy name.
+STRATEGY_PLACEHOLDER = "{strategy}"
+
+#: Short column headers (in the HTML page the full name is the hover title).
+HEADER_ABBREVIATIONS: Mapping[str, str] = {
+    "transformer-engine": "te",
+    "transformer-engine-float16": "te-float16",
+}
+
+#: Record statuses: these may appear in a verifying report; anything else (failed,
+#: "not run", error, an unknown status) keeps the cell from being verified.
+PASSING_STATUSES = frozenset({"passed", "xfailed"})
+NEUTRAL_STATUSES = frozenset({"skipped"})
+#: The check that only reads the registry row, outside any launch.
+DECLARATION_CHECK = "declaration"
+
+#: (strategy, runner, precision)
+Key = tuple[str, str, str]
+
+
+# --------------------------------------------------------------------------- reports
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """One report's proof that a (strategy, runner, precision) works.
+
+    Attributes:
+        runner: the conformance runner (cpu, cuda, tpu).
+        where: where the report says that runner ran ("xla-cpu", "NVIDIA H200"); the
+            runner's own name when the report does not say.
+        date: the report's "YYYY-MM-DD" date, or "" for an undated report.
+        report: the report's file name.
+        world_sizes: the world sizes launched with at least one passing check in the
+            ranks, ascending.
+    """
+
+    runner: str
+    where: str
+    date: str
+    report: str
+    world_sizes: tuple[int, ...]
+
+    @property
+    def place(self) -> str:
+        """The runner, and where it ran when that differs: "tpu on xla-cpu"."""
+        return self.runner if self.where in ("", self.runner) else f"{self.runner} on {self.where}"
+
+    @property
+    def when(self) -> str:
+        return self.date or "undated"
+
+
+@dataclass(frozen=True, slots=True)
+class ReportFile:
+    """What one conformance report file says.
+
+    Attributes:
+        name: the file name.
+        date: its "YYYY-MM-DD" date, or "" when it has none (older reports).
+        runners: (runner, where it ran) pairs, sorted; empty when not recorded.
+        verified: the (strategy, runner, precision) cells it verifies.
+    """
+
+    name: str
+    date: str
+    runners: tuple[tuple[str, str], ...]
+    verified: Mapping[Key, Evidence]
+
+
+#: (strategy, runner, precision) -> the evidence of every report verifying it, newest
+#: first (undated last; equal dates in file-name order).
+Verification = Mapping[Key, tuple[Evidence, ...]]
+
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_RECORD_KEYS = ("strategy", "runner", "precision", "check", "status")
+
+
+def report_files(directory: Path) -> tuple[Path, ...]:
+    """The conformance reports in ``directory`` (``conformance-report.json`` and
+    ``conformance-report-*.json``), sorted by file name."""
+    if not directory.is_dir():
+        return ()
+    return tuple(sorted(
+        (p for p in directory.glob(f"{REPORT_PREFIX}*.json")
+         if p.is_file() and (p.name == f"{REPORT_PREFIX}.json"
+                             or p.name.startswith(f"{REPORT_PREFIX}-"))),
+        key=lambda p: p.name,
+    ))
+
+
+def _in_ranks(record: Mapping[str, Any]) -> bool:
+    """Whether a record is a check that ran inside launched ranks: not the declaration
+    check, which reads the registry row without launching anything (its world size is
+    "*"). Records of reports older than the world_size field are judged by name."""
+    return record["check"] != DECLARATION_CHECK and record.get("world_size") != "*"
+
+
+def read_report(path: Path) -> ReportFile:
+    """Read one report written by ``interlock conformance --report``.
+
+    The report is an object with ``records`` (one per check run: strategy, runner,
+    world_size, precision, check, status, message), and, in newer reports, ``date``
+    ("YYYY-MM-DD", when it was written) and ``runners`` (runner -> where it ran). A bare
+    list of records is accepted too.
+
+    It verifies a (strategy, runner, precision) when the records for it (those of that
+    precision and the precision-independent "*" ones of the same strategy and runner)
+    hold at least one check of that precision that ran inside the launched ranks and
+    passed, and none whose status is other than passed, xfailed or skipped (a failed or
+    "not run" record anywhere spoils it; skips are neutral). The declaration check,
+    which launches nothing, never counts as the passing check.
+
+    Raises:
+        FileNotFoundError: there is no such file.
+        ValueError: the file is not such a report.
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"conformance report {path} is not valid JSON: {exc}") from exc
+    records = data.get("records") if isinstance(data, dict) else data
+    if not isinstance(records, list):
+        raise ValueError(f"conformance report {path} must hold a list of records")
+    date = data.get("date", "") if isinstance(data, dict) else ""
+    if date and not (isinstance(date, str) and _DATE.fullmatch(date)):
+        raise ValueError(f"conformance report {path}: date must be 'YYYY-MM-DD'; got {date!r}")
+    runners = data.get("runners", {}) if isinstance(data, dict) else {}
+    if not isinstance(runners, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in runners.items()
+    ):
+        raise ValueError(f"conformance report {path}: runners must map runner names to "
+                         f"where they ran; got {runners!r}")
+
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for index, record in enumerate(records):
+        if not isinstance(record, dict) or not all(
+            isinstance(record.get(k), str) for k in _RECORD_KEYS
+        ) or not isinstance(record.get("world_size", ""), str):
+            raise ValueError(
+                f"conformance report {path}: record {index} must be an object with string "
+                f"fields {', '.join(_RECORD_KEYS)} (and world_size); got {record!r}"
+            )
+        groups.setdefault((record["strategy"], record["runner"]), []).append(record)
+
+    verified: dict[Key, Evidence] = {}
+    for (strategy, runner), group in sorted(groups.items()):
+        for precision in sorted({r["precision"] for r in group} - {"*"}):
+            relevant = [r for r in group if r["precision"] in (precision, "*")]
+            if any(r["status"] not in PASSING_STATUSES | NEUTRAL_STATUSES for r in relevant):
+                continue
+            ran = [r for r in relevant if r["precision"] == precision
+                   and r["status"] == "passed" and _in_ranks(r)]
+            if not ran:
+                continue
+            sizes = sorted({int(r["world_size"]) for r in ran
+                            if r.get("world_size", "").isdigit()})
+            verified[(strategy, runner, precision)] = Evidence(
+                runner=runner, where=runners.get(runner, runner), date=date,
+                report=path.name, world_sizes=tuple(sizes),
+            )
+    return ReportFile(name=path.name, date=date, runners=tuple(sorted(runners.items())),
+                      verified=MappingProxyType(verified))
+
+
+def load_report(path: Path) -> Mapping[Key, Evidence]:
+    """The cells one report verifies (see :func:`read_report`); a missing file
+    verifies nothing."""
+    if not path.exists():
+        return MappingProxyType({})
+    return read_report(path).verified
+
+
+def merge_reports(reports: Iterable[ReportFile]) -> Verification:
+    """Every report's verified cells together: a cell is verified when at least one
+    report verifies it; its evidence is listed newest first."""
+    found: dict[Key, list[tuple[int, Evidence]]] = {}
+    for order, report in enumerate(reports):
+        for key, evidence in report.verified.items():
+            found.setdefault(key, []).append((order, evidence))
+    return MappingProxyType({
+        key: tuple(e for _, e in sorted(items, key=lambda item: (_newest_first(item[1]),
+                                                                 item[0])))
+        for key, items in sorted(found.items())
+    })
+
+
+def _newest_first(evidence: Evidence) -> tuple[int, ...]:
+    # Undated sorts after every date; dates descend.
+    if not evidence.date:
+        return (1,)
+    return (0, *(-int(part) for part in evidence.date.split("-")))
+
+
+ReportArg = Path | Sequence[Path] | None
+
+
+def read_reports(report: ReportArg) -> tuple[ReportFile, ...]:
+    """The reports to mark verified cells from.
+
+    Args:
+        report: a directory (every report in it, see :func:`report_files`), one report
+            file, a sequence of report files, or None for none. Missing files are
+            skipped.
+    """
+    if report is None:
+        return ()
+    if isinstance(report, Path):
+        paths: Sequence[Path] = report_files(report) if report.is_dir() else (report,)
+    else:
+        paths = report
+    return tuple(read_report(p) for p in paths if p.exists())
 
 
 # --------------------------------------------------------------------------- the data
@@ -86,21 +311,39 @@ class Outcome:
 
     Attributes:
         ok: whether `plan()` succeeded.
-        verified: for a resolved cell, whether a conformance report verified it.
         launcher: for a resolved cell, the plan's launcher (None: in process).
         code: for a refusal, its stable code.
         reason: for a refusal, the full reason.
+        evidence: for a verified cell, the report that verifies it (for a launch
+            environment cell, narrowed to the one world size the cell stands for).
     """
 
     ok: bool
-    verified: bool = False
     launcher: str | None = None
     code: str = ""
     reason: str = ""
+    evidence: Evidence | None = None
 
     @property
-    def short_reason(self) -> str:
-        return short_reason(self.reason)
+    def verified(self) -> bool:
+        return self.evidence is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Grid:
+    """Strategies (rows) x columns of outcomes, as both renderers lay them out.
+
+    Attributes:
+        anchor: prefix of the note anchors in the HTML page (unique per page).
+        columns: the column headers.
+        across: how a row refused in every column is described ("all precisions").
+        rows: each shown strategy with one outcome per column.
+    """
+
+    anchor: str
+    columns: tuple[str, ...]
+    across: str
+    rows: tuple[tuple[StrategySpec, tuple[Outcome, ...]], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +353,8 @@ class AcceleratorTable:
     accelerator: str
     profile: Profile
     runner: str | None
-    rows: tuple[tuple[StrategySpec, DevicesFlag, tuple[Outcome, ...]], ...]
+    devices: tuple[DevicesFlag, ...]  # the devices flag of each row, in row order
+    grid: Grid
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +362,7 @@ class EnvironmentTable:
     """Strategies x launch environments at one precision."""
 
     profiles: tuple[Profile, ...]
-    rows: tuple[tuple[StrategySpec, tuple[Outcome, ...]], ...]
+    grid: Grid
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,77 +372,20 @@ class Compatibility:
     accelerators: tuple[AcceleratorTable, ...]
     environments: EnvironmentTable
     presets: tuple[StrategySpec, ...]
-    report_used: bool
-
-
-def short_reason(reason: str, limit: int = SHORT_REASON) -> str:
-    """The first sentence of ``reason``, cut to about ``limit`` characters."""
-    first = re.split(r"(?<=[.!?])\s", reason.strip(), maxsplit=1)[0]
-    if len(first) <= limit:
-        return first
-    return first[: limit - 1].rstrip() + "…"
-
-
-def load_report(path: Path) -> Verified:
-    """The (strategy, runner, precision) cells a conformance report verifies.
-
-    The report is what ``interlock conformance --report`` writes: an object whose
-    ``records`` list has one record per check run (a bare list of records is accepted
-    too)::
-
-        {"records": [{"strategy": "ddp", "runner": "cpu", "precision": "32-true",
-                      "check": "training_parity", "status": "passed", ...}, ...]}
-
-    ``precision`` is ``"*"`` for checks that do not depend on it. A cell is verified
-    when some record for its precision passed and no record for its precision, or for
-    ``"*"`` of the same strategy and runner, failed; skips are neutral. A missing file
-    verifies nothing.
-
-    Raises:
-        ValueError: the file exists but is not such a report.
-    """
-    if not path.exists():
-        return frozenset()
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"conformance report {path} is not valid JSON: {exc}") from exc
-    records = data.get("records") if isinstance(data, dict) else data
-    if not isinstance(records, list):
-        raise ValueError(f"conformance report {path} must hold a list of records")
-    keys = ("strategy", "runner", "precision", "check", "status")
-    passed: set[tuple[str, str, str]] = set()
-    failed: set[tuple[str, str, str]] = set()
-    for index, record in enumerate(records):
-        if not isinstance(record, dict) or not all(
-            isinstance(record.get(k), str) for k in keys
-        ):
-            raise ValueError(
-                f"conformance report {path}: record {index} must be an object with string "
-                f"fields {', '.join(keys)}; got {record!r}"
-            )
-        cell = (record["strategy"], record["runner"], record["precision"])
-        if record["status"] == "passed":
-            passed.add(cell)
-        elif record["status"] in ("failed", "error"):
-            failed.add(cell)
-    return frozenset(
-        cell for cell in passed
-        if cell[2] != "*" and cell not in failed and (*cell[:2], "*") not in failed
-    )
 
 
 def _resolve(accelerator: str, devices: DevicesFlag, strategy: str, precision: str,
-             num_nodes: int, profile: Profile) -> Outcome:
+             num_nodes: int, profile: Profile) -> tuple[Outcome, Plan | None]:
     try:
         result = plan(accelerator=accelerator, devices=devices, strategy=strategy,
                       precision=precision, num_nodes=num_nodes, machine=profile.machine)
     except ResolutionError as error:
-        return Outcome(ok=False, code=error.code, reason=error.reason)
-    return Outcome(ok=True, launcher=result.launcher)
+        return Outcome(ok=False, code=error.code, reason=error.reason), None
+    return Outcome(ok=True, launcher=result.launcher), result
 
 
-def _one_device(spec: StrategySpec, accelerator: str | None = None) -> bool:
+def one_device(spec: StrategySpec, accelerator: str | None = None) -> bool:
+    """Whether the strategy (or the accelerator, when given) takes one device per node."""
     limits = [spec.max_devices]
     if accelerator is not None:
         limits.append(ACCELERATOR_ROWS[accelerator].max_devices)
@@ -212,9 +399,15 @@ def table_devices(spec: StrategySpec, accelerator: str) -> DevicesFlag:
     rows say what the strategy does there rather than that a Mac has one GPU),
     "auto" on xla (a TPU host's devices come as a set), 2 otherwise.
     """
-    if _one_device(spec, accelerator):
+    if one_device(spec, accelerator):
         return 1
     return "auto" if accelerator == "xla" else 2
+
+
+def environment_devices(spec: StrategySpec, environment: str) -> int:
+    """The devices flag a strategy's cell uses in a launch environment: 1 for a
+    one-device strategy, else the environment's devices per node."""
+    return 1 if one_device(spec) else _ENVIRONMENT_GEOMETRY[environment][0]
 
 
 def builtin_specs() -> tuple[StrategySpec, ...]:
@@ -222,13 +415,30 @@ def builtin_specs() -> tuple[StrategySpec, ...]:
     return BUILTIN_STRATEGIES
 
 
+def _environment_evidence(spec: StrategySpec, environment: str, result: Plan,
+                          verification: Verification) -> Evidence | None:
+    """The newest evidence verifying a resolved launch-environment cell, or None.
+
+    Only an exercised environment (see EXERCISED_ENVIRONMENTS) on one node qualifies,
+    and only a report that launched the strategy at exactly the cell's world size."""
+    if environment not in EXERCISED_ENVIRONMENTS or result.num_nodes != 1:
+        return None
+    runner = RUNNER_FOR_ACCELERATOR.get(result.accelerator)
+    if runner is None:
+        return None
+    for evidence in verification.get((spec.name, runner, result.precision), ()):
+        if result.world_size in evidence.world_sizes:
+            return replace(evidence, world_sizes=(result.world_size,))
+    return None
+
+
 def compute(specs: Iterable[StrategySpec] | None = None,
-            verified: Verified = frozenset()) -> Compatibility:
+            verification: Verification = MappingProxyType({})) -> Compatibility:
     """Resolve every cell of both documents.
 
     Args:
         specs: the strategies to cover, each registered (None: the built-in ones).
-        verified: cells a conformance report verified (see :func:`load_report`).
+        verification: the cells conformance reports verify (see :func:`merge_reports`).
     """
     chosen = tuple(builtin_specs() if specs is None else specs)
     rows_specs = tuple(s for s in chosen if s.variant_of is None)
@@ -239,19 +449,24 @@ def compute(specs: Iterable[StrategySpec] | None = None,
         profile = profile_named(ACCELERATOR_PROFILES[accelerator])
         runner = RUNNER_FOR_ACCELERATOR.get(accelerator)
         rows = []
+        devices_used = []
         for spec in rows_specs:
             devices = table_devices(spec, accelerator)
             cells = []
             for precision in PRECISION_NAMES:
-                outcome = _resolve(accelerator, devices, spec.name, precision, 1, profile)
-                if outcome.ok and runner is not None and (
-                    (spec.name, runner, precision) in verified
-                ):
-                    outcome = Outcome(ok=True, verified=True, launcher=outcome.launcher)
+                outcome, _ = _resolve(accelerator, devices, spec.name, precision, 1, profile)
+                found = () if runner is None else verification.get((spec.name, runner,
+                                                                    precision), ())
+                if outcome.ok and found:
+                    outcome = replace(outcome, evidence=found[0])
                 cells.append(outcome)
-            rows.append((spec, devices, tuple(cells)))
+            rows.append((spec, tuple(cells)))
+            devices_used.append(devices)
+        grid = Grid(anchor=accelerator, columns=PRECISION_NAMES, across="all precisions",
+                    rows=tuple(rows))
         tables.append(AcceleratorTable(accelerator=accelerator, profile=profile,
-                                       runner=runner, rows=tuple(rows)))
+                                       runner=runner, devices=tuple(devices_used),
+                                       grid=grid))
 
     by_environment = {p.environment: p for p in PROFILES if p.environment}
     env_profiles = tuple(by_environment[e] for e in ENVIRONMENTS)
@@ -259,34 +474,146 @@ def compute(specs: Iterable[StrategySpec] | None = None,
     for spec in rows_specs:
         cells = []
         for environment, profile in zip(ENVIRONMENTS, env_profiles, strict=True):
-            fixed, nodes = _ENVIRONMENT_GEOMETRY[environment]
-            devices = fixed if fixed is not None else (1 if _one_device(spec) else 2)
-            cells.append(_resolve("auto", devices, spec.name, ENVIRONMENT_PRECISION, nodes,
-                                  profile))
+            nodes = _ENVIRONMENT_GEOMETRY[environment][1]
+            outcome, result = _resolve("auto", environment_devices(spec, environment),
+                                       spec.name, ENVIRONMENT_PRECISION, nodes, profile)
+            if result is not None:
+                outcome = replace(outcome, evidence=_environment_evidence(
+                    spec, environment, result, verification))
+            cells.append(outcome)
         env_rows.append((spec, tuple(cells)))
+    env_grid = Grid(anchor="env", columns=ENVIRONMENTS, across="all environments",
+                    rows=tuple(env_rows))
     return Compatibility(
         accelerators=tuple(tables),
-        environments=EnvironmentTable(profiles=env_profiles, rows=tuple(env_rows)),
+        environments=EnvironmentTable(profiles=env_profiles, grid=env_grid),
         presets=presets,
-        report_used=bool(verified),
     )
 
 
-def _environment_geometry(environment: str) -> str:
-    devices, nodes = _ENVIRONMENT_GEOMETRY[environment]
-    shown = "2 (1 for one-device strategies)" if devices is None else str(devices)
-    return f"devices={shown}, num_nodes={nodes}"
+# --------------------------------------------------------------------------- layout
 
 
-def _devices_note(table: AcceleratorTable) -> str:
-    used = sorted({str(devices) for _, devices, _ in table.rows})
-    return ", ".join(f"devices={d}" for d in used)
+@dataclass(frozen=True, slots=True)
+class Note:
+    """One note under a table: a refusal's reason, or what verified a cell.
+
+    Attributes:
+        number: its number, from 1 in each table.
+        code: the refusal code ("" for a verification note).
+        reason: the refusal's reason; with STRATEGY_PLACEHOLDER for the strategy's name
+            when several strategies share the note.
+        evidence: for a verification note, the report that verified the cells.
+    """
+
+    number: int
+    code: str = ""
+    reason: str = ""
+    evidence: Evidence | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """A grid as it is printed: the rows kept in the table (each cell with its note
+    number, None for a plain declared cell), the rows refused for one reason in every
+    column (collapsed into one line per reason, with the note number), and the notes."""
+
+    shown: tuple[tuple[StrategySpec, tuple[tuple[Outcome, int | None], ...]], ...]
+    collapsed: tuple[tuple[tuple[StrategySpec, ...], Outcome, int], ...]
+    notes: tuple[Note, ...]
+
+
+def reason_template(reason: str, strategy: str) -> str:
+    """``reason`` with the quoted strategy name replaced by STRATEGY_PLACEHOLDER, so that
+    refusals that differ only by the strategy's name share one note."""
+    return reason.replace(f"'{strategy}'", f"'{STRATEGY_PLACEHOLDER}'")
+
+
+def _note_key(spec: StrategySpec, outcome: Outcome) -> tuple[str, ...] | Evidence | None:
+    if not outcome.ok:
+        return ("refused", outcome.code, reason_template(outcome.reason, spec.name))
+    return outcome.evidence
+
+
+def layout(grid: Grid) -> Layout:
+    """Collapse the rows refused for one reason everywhere and number the notes."""
+    keyed = [(spec, [(c, _note_key(spec, c)) for c in cells]) for spec, cells in grid.rows]
+    shown = []
+    collapsed: dict[tuple[str, ...], list[StrategySpec]] = {}
+    first: dict[tuple[str, ...], Outcome] = {}
+    for spec, cells in keyed:
+        keys = {k for _, k in cells}
+        only = next(iter(keys)) if len(keys) == 1 else None
+        if isinstance(only, tuple) and all(not c.ok for c, _ in cells):
+            collapsed.setdefault(only, []).append(spec)
+            first.setdefault(only, cells[0][0])
+        else:
+            shown.append((spec, cells))
+
+    # A refusal note keeps the exact reason unless several strategies share it.
+    users: dict[tuple[str, ...], set[str]] = {}
+    for spec, cells in keyed:
+        for _, key in cells:
+            if isinstance(key, tuple):
+                users.setdefault(key, set()).add(spec.name)
+
+    numbers: dict[object, int] = {}
+    notes: list[Note] = []
+
+    def number(key: tuple[str, ...] | Evidence, outcome: Outcome) -> int:
+        if key not in numbers:
+            numbers[key] = len(notes) + 1
+            if isinstance(key, Evidence):
+                notes.append(Note(number=numbers[key], evidence=key))
+            else:
+                shared = len(users[key]) > 1
+                notes.append(Note(number=numbers[key], code=outcome.code,
+                                  reason=key[2] if shared else outcome.reason))
+        return numbers[key]
+
+    shown_rows = tuple(
+        (spec, tuple((c, None if k is None else number(k, c)) for c, k in cells))
+        for spec, cells in shown
+    )
+    collapsed_rows = tuple(
+        (tuple(specs), first[key], number(key, first[key]))
+        for key, specs in collapsed.items()
+    )
+    return Layout(shown=shown_rows, collapsed=collapsed_rows, notes=tuple(notes))
+
+
+# --------------------------------------------------------------------------- words
+
+
+def _and(items: Sequence[str]) -> str:
+    if len(items) <= 1:
+        return "".join(items)
+    return f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def _world_sizes(evidence: Evidence) -> str:
+    sizes = [str(s) for s in evidence.world_sizes]
+    return f"world size{'s' if len(sizes) > 1 else ''} {_and(sizes)}" if sizes else ""
+
+
+def evidence_text(evidence: Evidence, link: bool = True) -> str:
+    """One sentence naming the runner, where it ran, the world sizes and the report date,
+    in the inline syntax both renderers read (`code`, [text](link)); without the link to
+    the report, and in plain text, when ``link`` is false (for hover titles)."""
+    runner = (f"`{evidence.runner}`" if link else evidence.runner) + " runner" + (
+        "" if evidence.place == evidence.runner else f" on {evidence.where}")
+    sizes = _world_sizes(evidence)
+    date = f"report dated {evidence.date}" if evidence.date else "undated report"
+    source = f" ([{evidence.report}]({evidence.report}))" if link else f" ({evidence.report})"
+    return (f"verified by the {runner}{f' at {sizes}' if sizes else ''}: every check that "
+            f"ran passed; {date}{source}.")
 
 
 def _caption(table: AcceleratorTable) -> str:
+    used = sorted({str(d) for d in table.devices})
     text = (f"accelerator=\"{table.accelerator}\" on the `{table.profile.name}` profile "
-            f"({table.profile.description}); {_devices_note(table)} as fits each strategy, "
-            "num_nodes=1.")
+            f"({table.profile.description}); {', '.join(f'devices={d}' for d in used)} as "
+            "fits each strategy, num_nodes=1.")
     extras = sorted(table.profile.machine.packages - set(ACCELERATOR_ROWS[table.accelerator]
                                                           .requires))
     if extras:
@@ -296,27 +623,98 @@ def _caption(table: AcceleratorTable) -> str:
     if table.runner is None:
         text += " No conformance runner covers this accelerator yet: every ✓ is declared."
     else:
-        text += f" Verified by the `{table.runner}` conformance runner."
+        text += f" Verified cells come from the `{table.runner}` conformance runner."
     return text
 
 
+def _environment_geometry(environment: str) -> str:
+    devices, nodes = _ENVIRONMENT_GEOMETRY[environment]
+    return f"devices={devices} (1 for one-device strategies), num_nodes={nodes}"
+
+
+def _environment_caption() -> str:
+    return (f"accelerator=\"auto\", precision=\"{ENVIRONMENT_PRECISION}\"; each cell shows the "
+            "launcher the plan uses (`external`: the cluster started the processes; "
+            "`in-process`: no launcher). A one-device strategy is asked for devices=1 "
+            "everywhere.")
+
+
 def _presets_sentence(presets: Sequence[StrategySpec]) -> str:
-    if not presets:
-        return ""
     parts = [f"`{p.name}` (of `{p.variant_of}`)" for p in presets]
-    return ("Presets not shown as rows (each is a preset of the strategy in parentheses): "
+    return ("Presets are not shown as rows; each behaves as the strategy in parentheses: "
             + ", ".join(parts) + ".")
 
 
-REPORT_NOTE = (
-    "A ✓ is *verified* when `docs/conformance-report.json` records that every conformance "
-    "check for that (strategy, runner, precision) passed, and *declared* when the "
-    "strategy's registry row and the engine accept the combination but no passing "
-    "conformance run is recorded."
-)
+def _legend() -> list[tuple[str, bool, str]]:
+    """(term, whether its cells carry a note number, explanation), in the inline syntax
+    both renderers read."""
+    return [
+        ("✓ verified", True, "resolves, and a conformance report verifies it (see below); the "
+         "cell's note names the runner, where it ran, the world sizes and the report date."),
+        ("✓ declared", False, "resolves: the strategy's registry row and the engine accept it, but "
+         "no conformance report verifies it."),
+        ("code", True, "refused with that code (codes are explained in "
+         "[rules.md](rules.md#error-codes)); the cell's note gives the engine's reason. In a "
+         f"note shared by several strategies, `{STRATEGY_PLACEHOLDER}` stands for each row's "
+         "strategy name."),
+    ]
+
+
+def _layout_sentence() -> str:
+    """How the tables are laid out beyond the legend (inline syntax)."""
+    shorts = [f"{short} stands for the {name} precision"
+              for name, short in HEADER_ABBREVIATIONS.items()]
+    return ("A strategy refused for the same reason in every column is listed under its "
+            "table instead of as a row. In the accelerator tables' headers, "
+            + _and(shorts) + ".")
+
+
+def _rules() -> list[str]:
+    """What counts as verified, paragraph by paragraph (inline syntax)."""
+    runners = ", ".join(f"{a}: `{r}`" for a, r in RUNNER_FOR_ACCELERATOR.items())
+    unrun = [a for a in ACCELERATOR_NAMES if a not in RUNNER_FOR_ACCELERATOR]
+    exercised = [e for e in ENVIRONMENTS if e in EXERCISED_ENVIRONMENTS]
+    others = [e for e in ENVIRONMENTS if e not in EXERCISED_ENVIRONMENTS]
+    return [
+        f"The conformance reports are `docs/{REPORT_PREFIX}.json` and "
+        f"`docs/{REPORT_PREFIX}-*.json`, read in file-name order. A report verifies a "
+        "(strategy, runner, precision) when its records for it (the checks of that "
+        "precision and the precision-independent ones) include at least one check of that "
+        "precision that ran inside the launched ranks and passed, and none that failed or "
+        "did not run; skipped checks are neutral and expected failures count as passing. "
+        "The declaration check launches nothing, so a report that only passed it verifies "
+        "nothing. When several reports verify a cell, its note names the newest; an undated "
+        "report counts as the oldest.",
+        f"Accelerator tables: a resolved cell is verified when a report verifies its "
+        f"strategy and precision on that accelerator's runner ({runners}"
+        + (f"; {_and(unrun)} {'has' if len(unrun) == 1 else 'have'} none" if unrun else "")
+        + "), at whichever world sizes the runner launched; its note lists them.",
+        f"Launch environments: only the {_and(exercised)} column can be verified, because "
+        "a conformance run resolves each strategy on the machine it runs on and starts the "
+        "ranks with the strategy's own launcher from a script, with no notebook, torchrun "
+        f"or SLURM around it. The {_and(others)} columns say what the engine answers there "
+        f"and are never verified. A {_and(exercised)} cell is verified when a report "
+        f"verifies its strategy at precision {ENVIRONMENT_PRECISION} on the runner of the "
+        "accelerator the plan picks, and launched it at exactly the cell's world size "
+        "(devices x num_nodes); a run at another world size does not cover it.",
+    ]
+
+
+def _report_line(report: ReportFile) -> str:
+    runners = (", ".join(f"`{r}`" + ("" if w == r else f" on {w}") for r, w in report.runners)
+               if report.runners else "runners not recorded")
+    date = f"dated {report.date}" if report.date else "undated"
+    return f"[{report.name}]({report.name}): {date}; {runners}."
 
 
 # --------------------------------------------------------------------------- markdown
+
+
+_SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def _sup(number: int) -> str:
+    return str(number).translate(_SUPERSCRIPT)
 
 
 def _md(text: str) -> str:
@@ -324,80 +722,141 @@ def _md(text: str) -> str:
     return text.replace("|", "&#124;").replace("\n", " ")
 
 
-def _md_cell(outcome: Outcome) -> str:
-    if outcome.ok:
-        return "✓ verified" if outcome.verified else "✓ declared"
-    return _md(f"`{outcome.code}`: {outcome.short_reason}")
+def _md_text(text: str) -> str:
+    """Engine text (a reason) made safe to print as Markdown prose."""
+    return _md(text.replace("\\", "\\\\").replace("*", "\\*").replace("<", "&lt;"))
 
 
-def _md_env_cell(outcome: Outcome) -> str:
-    if outcome.ok:
-        return f"✓ {outcome.launcher or 'in-process'}"
-    return _md(f"`{outcome.code}`: {outcome.short_reason}")
+# A line that starts with one of these would open a list, heading, quote or table.
+_BLOCK_START = re.compile(r"^(?:[-+*>#|=]|\d+[.)])")
+
+
+def wrap(text: str, width: int = PROSE_WIDTH, first: str = "", rest: str = "") -> list[str]:
+    """Greedy word wrap for Markdown prose; never starts a continuation line with
+    something Markdown would read as a new block."""
+    lines: list[str] = []
+    current = first
+    fresh = True
+    for word in text.split():
+        if not fresh and len(current) + 1 + len(word) > width and not _BLOCK_START.match(word):
+            lines.append(current)
+            current, fresh = rest + word, False
+        else:
+            current = (current + word) if fresh else f"{current} {word}"
+            fresh = False
+    lines.append(current)
+    return lines
+
+
+def _md_cell(outcome: Outcome, note: int | None, ok_text: str) -> str:
+    # Plain text, not `code`: table lines cannot wrap, and every character counts.
+    if not outcome.ok:
+        return f"{outcome.code}{_sup(note or 0)}"
+    if note is None:
+        return ok_text
+    return f"{ok_text}{_sup(note)}"
 
 
 def _md_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    from tabulate import tabulate
+    """A GitHub-flavoured Markdown table, columns padded by character count (the same
+    on every machine, whatever width libraries are installed)."""
+    body = [list(r) for r in rows]
+    widths = [max(len(c) for c in column) for column in zip(headers, *body, strict=True)]
 
-    return str(tabulate(list(rows), headers=list(headers), tablefmt="github",
-                        disable_numparse=True))
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(headers), rule, *(line(r) for r in body)])
+
+
+def _md_note(note: Note) -> str:
+    if note.evidence is not None:
+        return evidence_text(note.evidence)
+    return f"`{note.code}`: {_md_text(note.reason)}"
+
+
+def _md_grid(grid: Grid, ok_text: Callable[[Outcome], str]) -> list[str]:
+    """The table, the collapsed rows and the notes of one grid, as Markdown lines."""
+    laid = layout(grid)
+    out: list[str] = []
+    if laid.shown:
+        out.append(_md_table(
+            ("strategy", *(HEADER_ABBREVIATIONS.get(c, c) for c in grid.columns)),
+            ((spec.name, *(_md_cell(c, n, ok_text(c)) for c, n in cells))
+             for spec, cells in laid.shown),
+        ))
+        out.append("")
+    if laid.collapsed:
+        out += ["Not shown as rows: refused for one reason in every column.", ""]
+        for specs, outcome, number in laid.collapsed:
+            names = ", ".join(f"`{s.name}`" for s in specs)
+            out += wrap(f"{names} — {grid.across}: `{outcome.code}`{_sup(number)}",
+                        first="- ", rest="  ")
+        out.append("")
+    if laid.notes:
+        out += ["Notes:", ""]
+        for note in laid.notes:
+            first = f"{note.number}. "
+            out += wrap(_md_note(note), first=first, rest=" " * len(first))
+        out.append("")
+    return out
+
+
+def _md_ok(outcome: Outcome) -> str:
+    return "✓ verified" if outcome.verified else "✓ declared"
+
+
+def _md_env_ok(outcome: Outcome) -> str:
+    text = f"✓ {outcome.launcher or 'in-process'}"
+    return f"{text}, verified" if outcome.verified else text
 
 
 def render_markdown(specs: Iterable[StrategySpec] | None = None,
-                    report: Path | None = REPORT_PATH) -> str:
+                    report: ReportArg = DOCS_DIR) -> str:
     """The text of docs/compatibility.md.
 
     Args:
         specs: the strategies to cover, each registered (None: the built-in ones).
-        report: the conformance report to mark verified cells from (absent or None:
-            every ✓ is declared).
+        report: the conformance reports to mark verified cells from (see
+            :func:`read_reports`; default: every report in ./docs; None: every ✓ is
+            declared).
     """
-    data = compute(specs, load_report(report) if report is not None else frozenset())
+    reports = read_reports(report)
+    data = compute(specs, merge_reports(reports))
     out = [
         "# Compatibility",
         "",
-        "<!-- Generated by `python -m interlock.matrix.compat` from the engine's own "
-        "answers. Do not edit by hand: a test fails when this file differs from the code. -->",
+        "<!-- Generated by `python -m interlock.matrix.compat` from the engine's own answers.",
+        "     Do not edit by hand: a test fails when this file differs from the code. -->",
         "",
-        "Each cell is what `interlock.plan()` answers for that strategy and precision on a "
-        "named machine profile: ✓ when it resolves, otherwise the refusal code and the "
-        "start of its reason. The HTML version (`compatibility.html`) shows full reasons "
-        "on hover.",
+        *wrap("Each cell is what `interlock.plan()` answers for that strategy on a named "
+              "machine profile: ✓ when it resolves, otherwise the refusal code. The numbered "
+              "notes under each table give each refusal's reason and what verified each "
+              "verified cell. The HTML version (`compatibility.html`) shows the same tables "
+              "with full reasons on hover."),
         "",
         "## Legend",
         "",
-        "- **✓ verified**: resolves, and the conformance suite passed for it.",
-        "- **✓ declared**: resolves; no passing conformance run is recorded.",
-        "- **`code`: reason**: refused; codes are explained in [rules.md](rules.md#error-codes).",
-        "",
-        REPORT_NOTE,
-        "",
     ]
+    for term, noted, text in _legend():
+        out += wrap(f"**{term}**{'ⁿ' if noted else ''}: {text}", first="- ", rest="  ")
+    out += ["", *wrap(_layout_sentence()), ""]
+    out += ["### What counts as verified", ""]
+    for paragraph in _rules():
+        out += [*wrap(paragraph), ""]
+    if data.presets:
+        out += [*wrap(_presets_sentence(data.presets)), ""]
     for table in data.accelerators:
-        out += [f"## Accelerator `{table.accelerator}`", "", _caption(table), ""]
-        out.append(_md_table(
-            ("strategy", *PRECISION_NAMES),
-            ((f"`{spec.name}`", *(_md_cell(c) for c in cells)) for spec, _, cells in table.rows),
-        ))
-        out.append("")
-        if data.presets:
-            out += [_presets_sentence(data.presets), ""]
-    out += [
-        "## Launch environments",
-        "",
-        f"accelerator=\"auto\", precision=\"{ENVIRONMENT_PRECISION}\"; each cell shows the "
-        "launcher the plan uses (`external`: the cluster started the processes; "
-        "`in-process`: no launcher).",
-        "",
-    ]
+        out += [f"## Accelerator `{table.accelerator}`", "", *wrap(_caption(table)), ""]
+        out += _md_grid(table.grid, _md_ok)
     env = data.environments
-    out.append(_md_table(
-        ("strategy", *(e for e in ENVIRONMENTS)),
-        ((f"`{spec.name}`", *(_md_env_cell(c) for c in cells)) for spec, cells in env.rows),
-    ))
-    out += ["", "Profiles and flags per environment:", ""]
-    out += [f"- **{e}**: `{p.name}` ({p.description}); {_environment_geometry(e)}"
-            for e, p in zip(ENVIRONMENTS, env.profiles, strict=True)]
+    out += ["## Launch environments", "", *wrap(_environment_caption()), ""]
+    out += _md_grid(env.grid, _md_env_ok)
+    out += ["Profiles and flags per environment:", ""]
+    for e, p in zip(ENVIRONMENTS, env.profiles, strict=True):
+        out += wrap(f"**{e}**: `{p.name}` ({p.description}); {_environment_geometry(e)}",
+                    first="- ", rest="  ")
     out += [
         "",
         "## Generated with",
@@ -407,22 +866,38 @@ def render_markdown(specs: Iterable[StrategySpec] | None = None,
     ]
     used = [*(t.profile for t in data.accelerators), *env.profiles]
     out += [f"- `{p.name}`: {p.description}" for p in dict.fromkeys(used)]
-    out.append("")
-    return "\n".join(out)
+    out += ["", "and these conformance reports:" if reports else
+            "and no conformance report: every ✓ is declared.", ""]
+    for r in reports:
+        out += wrap(_report_line(r), first="- ", rest="  ")
+    if reports:
+        out.append("")
+    return "\n".join(out[:-1] if out[-1] == "" else out) + "\n"
 
 
 # --------------------------------------------------------------------------- html
 
 _CSS = """
-body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
-table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.85em; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: left; }
-th { background: #f0f0f0; }
+body { font-family: system-ui, sans-serif; color: #222; max-width: 1000px;
+       margin: 0 auto; padding: 0 12px 2em; box-sizing: border-box; }
+table { border-collapse: collapse; margin: 0.5em 0 1em; font-size: 12px; }
+table.grid { table-layout: fixed; width: 100%; }
+table.grid col.strategy { width: 21%; }
+th, td { border: 1px solid #ccc; padding: 3px 4px; text-align: left; vertical-align: top;
+         overflow-wrap: normal; word-break: normal; hyphens: none; }
+th { background: #f0f0f0; font-weight: 600; }
 td.verified { background: #4caf50; color: #fff; }
+td.verified a { color: #fff; }
 td.declared { background: #c8e6c9; }
 td.refused { background: #e0e0e0; color: #555; cursor: help; }
-caption { caption-side: top; text-align: left; padding: 0.3em 0; }
-code { font-family: ui-monospace, monospace; }
+caption { caption-side: top; text-align: left; padding: 0.3em 0; font-size: 13px; }
+code { font-family: ui-monospace, monospace; white-space: nowrap; }
+code.words { white-space: normal; }
+code.words span { white-space: nowrap; }
+td code, th code { font-size: 11px; }
+sup { font-size: 9px; margin-left: 1px; }
+ol.notes, ul.collapsed { font-size: 13px; }
+abbr { text-decoration: none; }
 """
 
 
@@ -430,79 +905,129 @@ def _e(text: str) -> str:
     return html.escape(text, quote=True)
 
 
-def _html_cell(outcome: Outcome, ok_text: str) -> str:
+def _inline(text: str) -> str:
+    """The small inline syntax of the shared texts (`code`, **bold**, [text](link)) as
+    escaped HTML."""
+    out = _e(text)
+    out = re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", r'<a href="\2">\1</a>', out)
+    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+    return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", out)
+
+
+def _words(text: str, separator: str) -> str:
+    """``text`` as code that may break only after ``separator`` (a hyphen in a refusal
+    code, an underscore in a strategy name), never inside a word."""
+    parts = re.findall(rf"[^{separator}]+{separator}?|{separator}", text)
+    if len(parts) <= 1:
+        return f"<code>{_e(text)}</code>"
+    return ('<code class="words">' + "<wbr>".join(f"<span>{_e(p)}</span>" for p in parts)
+            + "</code>")
+
+
+def _note_link(anchor: str, number: int) -> str:
+    return f'<sup><a href="#{anchor}-{number}">{number}</a></sup>'
+
+
+def _html_cell(outcome: Outcome, ok_text: str, anchor: str = "", note: int | None = None
+               ) -> str:
+    link = _note_link(anchor, note) if note is not None else ""
     if outcome.ok:
         kind = "verified" if outcome.verified else "declared"
-        return f'<td class="{kind}">{_e(ok_text)}</td>'
-    return (f'<td class="refused" title="{_e(outcome.reason)}">'
-            f"<code>{_e(outcome.code)}</code></td>")
+        title = ""
+        if outcome.evidence is not None:
+            title = f' title="{_e(evidence_text(outcome.evidence, link=False))}"'
+        return f'<td class="{kind}"{title}>{_e(ok_text)}{link}</td>'
+    return (f'<td class="refused" title="{_e(outcome.reason)}">{_words(outcome.code, "-")}'
+            f"{link}</td>")
 
 
-def _html_table(caption: str, headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
-    body = "\n".join(f"<tr>{''.join(row)}</tr>" for row in rows)
-    return (f"<table>\n<caption>{_e(caption)}</caption>\n<thead><tr>{head}</tr></thead>\n"
-            f"<tbody>\n{body}\n</tbody>\n</table>")
+def _html_header(name: str) -> str:
+    short = HEADER_ABBREVIATIONS.get(name)
+    if short is None:
+        return f"<th>{_e(name)}</th>"
+    return f'<th><abbr title="{_e(name)}">{_e(short)}</abbr></th>'
 
 
 def _html_strategy(spec: StrategySpec) -> str:
-    return f'<th title="{_e(spec.description)}"><code>{_e(spec.name)}</code></th>'
+    return f'<th title="{_e(spec.description)}">{_words(spec.name, "_")}</th>'
+
+
+def _html_grid(grid: Grid, caption: str, ok_text: Callable[[Outcome], str]) -> list[str]:
+    laid = layout(grid)
+    out: list[str] = []
+    if laid.shown:
+        head = "".join(_html_header(h) for h in ("strategy", *grid.columns))
+        body = "\n".join(
+            "<tr>" + _html_strategy(spec)
+            + "".join(_html_cell(c, ok_text(c), grid.anchor, n) for c, n in cells) + "</tr>"
+            for spec, cells in laid.shown
+        )
+        out += ['<table class="grid">', f"<caption>{_inline(caption)}</caption>",
+                '<colgroup><col class="strategy"></colgroup>',
+                f"<thead><tr>{head}</tr></thead>", "<tbody>", body, "</tbody>", "</table>"]
+    else:
+        out.append(f"<p>{_inline(caption)}</p>")
+    if laid.collapsed:
+        out += ["<p>Not shown as rows: refused for one reason in every column.</p>",
+                '<ul class="collapsed">']
+        for specs, outcome, number in laid.collapsed:
+            names = ", ".join(f"<code>{_e(s.name)}</code>" for s in specs)
+            out.append(f"<li>{names} — {_e(grid.across)}: {_words(outcome.code, '-')}"
+                       f"{_note_link(grid.anchor, number)}</li>")
+        out.append("</ul>")
+    if laid.notes:
+        out += ["<p>Notes:</p>", '<ol class="notes">']
+        for note in laid.notes:
+            text = (_inline(evidence_text(note.evidence)) if note.evidence is not None
+                    else f"<code>{_e(note.code)}</code>: {_e(note.reason)}")
+            out.append(f'<li id="{_e(grid.anchor)}-{note.number}">{text}</li>')
+        out.append("</ol>")
+    return out
 
 
 def render_html(specs: Iterable[StrategySpec] | None = None,
-                report: Path | None = REPORT_PATH) -> str:
+                report: ReportArg = DOCS_DIR) -> str:
     """The text of docs/compatibility.html: the same tables as one self-contained page
-    (inline CSS, no scripts, no external assets). Arguments as for
-    :func:`render_markdown`."""
-    data = compute(specs, load_report(report) if report is not None else frozenset())
+    (inline CSS, no scripts, no external assets) that fits 1000 px without scrolling
+    sideways. Arguments as for :func:`render_markdown`."""
+    reports = read_reports(report)
+    data = compute(specs, merge_reports(reports))
     out = [
         "<!DOCTYPE html>",
         '<html lang="en">',
         "<head>",
         '<meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
         "<title>interlock compatibility</title>",
         f"<style>{_CSS}</style>",
         "</head>",
         "<body>",
         "<!-- Generated by python -m interlock.matrix.compat; do not edit by hand. -->",
         "<h1>Compatibility</h1>",
-        "<p>Each cell is what <code>interlock.plan()</code> answers on a named machine "
-        "profile. Hover a grey cell for the full reason of the refusal.</p>",
+        "<p>Each cell is what <code>interlock.plan()</code> answers for that strategy on a "
+        "named machine profile. Hover a cell for the full reason of a refusal or what "
+        "verified it; the numbered notes under each table say the same.</p>",
         "<h2>Legend</h2>",
-        "<table><tbody>",
-        '<tr><td class="verified">✓ verified</td><td>resolves, and the conformance suite '
-        "passed for it</td></tr>",
-        '<tr><td class="declared">✓ declared</td><td>resolves; no passing conformance run is '
-        "recorded</td></tr>",
-        '<tr><td class="refused"><code>code</code></td><td>refused; codes are explained in '
-        '<a href="rules.md#error-codes">rules.md</a></td></tr>',
+        '<table class="legend"><tbody>',
+        *(f'<tr><td class="{kind}">{_words(term, "-") if kind == "refused" else _e(term)}'
+          f'{"<sup>n</sup>" if noted else ""}</td>'
+          f"<td>{_inline(text)}</td></tr>"
+          for kind, (term, noted, text) in zip(("verified", "declared", "refused"), _legend(),
+                                               strict=True)),
         "</tbody></table>",
-        "<p>" + re.sub(r"`([^`]+)`", r"<code>\1</code>",
-                       re.sub(r"\*(\w+)\*", r"<em>\1</em>", _e(REPORT_NOTE))) + "</p>",
+        f"<p>{_inline(_layout_sentence())}</p>",
+        "<h3>What counts as verified</h3>",
+        *(f"<p>{_inline(p)}</p>" for p in _rules()),
     ]
+    if data.presets:
+        out.append(f"<p>{_inline(_presets_sentence(data.presets))}</p>")
     for table in data.accelerators:
         out.append(f"<h2>Accelerator <code>{_e(table.accelerator)}</code></h2>")
-        out.append(_html_table(
-            _caption(table).replace("`", ""),
-            ("strategy", *PRECISION_NAMES),
-            ([_html_strategy(spec), *(_html_cell(c, "✓ verified" if c.verified
-                                                 else "✓ declared") for c in cells)]
-             for spec, _, cells in table.rows),
-        ))
-        if data.presets:
-            out.append(f"<p>{_e(_presets_sentence(data.presets).replace('`', ''))}</p>")
+        out += _html_grid(table.grid, _caption(table), _md_ok)
     env = data.environments
     out.append("<h2>Launch environments</h2>")
-    out.append(_html_table(
-        f"accelerator=\"auto\", precision=\"{ENVIRONMENT_PRECISION}\"; each cell shows the "
-        "launcher the plan uses (external: the cluster started the processes; in-process: "
-        "no launcher).",
-        ("strategy", *ENVIRONMENTS),
-        ([_html_strategy(spec), *(_html_cell(c, f"✓ {c.launcher or 'in-process'}")
-                                  for c in cells)]
-         for spec, cells in env.rows),
-    ))
-    out.append("<ul>")
+    out += _html_grid(env.grid, _environment_caption(), _md_env_ok)
+    out += ["<p>Profiles and flags per environment:</p>", "<ul>"]
     out += [f"<li><b>{_e(e)}</b>: <code>{_e(p.name)}</code> ({_e(p.description)}); "
             f"{_e(_environment_geometry(e))}</li>"
             for e, p in zip(ENVIRONMENTS, env.profiles, strict=True)]
@@ -512,7 +1037,14 @@ def render_html(specs: Iterable[StrategySpec] | None = None,
     used = [*(t.profile for t in data.accelerators), *env.profiles]
     out += [f"<li><code>{_e(p.name)}</code>: {_e(p.description)}</li>"
             for p in dict.fromkeys(used)]
-    out += ["</ul>", "</body>", "</html>", ""]
+    out.append("</ul>")
+    if reports:
+        out += ["<p>and these conformance reports:</p>", "<ul>"]
+        out += [f"<li>{_inline(_report_line(r))}</li>" for r in reports]
+        out.append("</ul>")
+    else:
+        out.append("<p>and no conformance report: every ✓ is declared.</p>")
+    out += ["</body>", "</html>", ""]
     return "\n".join(out)
 
 
@@ -528,12 +1060,12 @@ def _write(path: Path, text: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Write docs/compatibility.md and .html under ROOT (default: the current
-    directory), reading ROOT/docs/conformance-report.json when it exists."""
+    directory), reading every conformance report in ROOT/docs."""
     args = list(sys.argv[1:] if argv is None else argv)
     root = Path(args[0]) if args else Path.cwd()
-    report = root / REPORT_PATH
-    for path, text in ((root / MARKDOWN_PATH, render_markdown(report=report)),
-                       (root / HTML_PATH, render_html(report=report))):
+    reports = root / DOCS_DIR
+    for path, text in ((root / MARKDOWN_PATH, render_markdown(report=reports)),
+                       (root / HTML_PATH, render_html(report=reports))):
         _write(path, text)
         print(f"wrote {path}")
     return 0
