@@ -366,7 +366,8 @@ def _async_io_unavailable() -> str | None:
     return None
 
 
-@pytest.mark.timeout(300)
+# the first use JIT-builds DeepSpeed's async_io op (minutes on two cores)
+@pytest.mark.timeout(1200)
 @pytest.mark.skipif(_async_io_unavailable() is not None,
                     reason=str(_async_io_unavailable()))
 def test_deepspeed_nvme_offload_trains_on_cpu_like_plain_torch(tmp_path: Path) -> None:
