@@ -94,6 +94,7 @@ def test_cases_say_why_they_do_not_apply() -> None:
     (["--strategy", "dpp"], "did you mean 'ddp'"),
     (["--strategy", "ddp", "--workers", "-1"], "--workers -1: expected 0"),
     (["--strategy", "ddp", "--report", "/"], "--report '/': is a directory"),
+    (["--strategy", "ddp", "--report", "/proc/nope/report.json"], "cannot be written"),
 ])
 def test_bad_options_are_one_line_usage_errors_before_anything_runs(
         args: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:

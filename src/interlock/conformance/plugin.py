@@ -258,5 +258,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
         # a partial run would verify cells on part of the evidence
         terminalreporter.write_line(f"the run was interrupted: no report written to {path}")
     elif path is not None:
-        write_report(path, state.records, state.verdicts, state.selection.runners)
-        terminalreporter.write_line(f"report: {path}")
+        try:
+            write_report(path, state.records, state.verdicts, state.selection.runners)
+        except OSError as error:
+            terminalreporter.write_line(f"the report could not be written to {path}: "
+                                        f"{error.strerror or error}")
+        else:
+            terminalreporter.write_line(f"report: {path}")
