@@ -382,3 +382,27 @@ def test_the_engine_accepts_each_plugin(name: str) -> None:
         f"plan(plugins=[{type(plugin).__name__}({name!r})]) chose precision "
         f"{chosen.precision!r}"
     )
+
+
+def test_the_fsdp_loss_scaler_unscales_and_flags_infinite_gradients_per_device() -> None:
+    """FSDP's 16-mixed scaler unscales gradients itself (with a blocking copy of the
+    inverse scale to another device, for CPU offload): finite gradients are multiplied
+    by the inverse scale, and a non-finite one raises its device's flag."""
+    from interlock.strategies.precision.fsdp import FSDPPrecision
+
+    scaler = FSDPPrecision("16-mixed", "cpu").scaler
+    assert scaler is not None
+    a = nn.Parameter(torch.ones(3))
+    b = nn.Parameter(torch.ones(2, dtype=torch.float16))
+    a.grad = torch.tensor([2.0, 4.0, 8.0])
+    b.grad = torch.tensor([6.0, 10.0], dtype=torch.float16)
+    opt = torch.optim.SGD([a, b], lr=0.1)
+    flags = scaler._unscale_grads_(opt, torch.tensor([0.5]), torch.zeros(1), True)
+    assert a.grad.tolist() == [1.0, 2.0, 4.0] and b.grad.tolist() == [3.0, 5.0]
+    assert list(flags) == [torch.device("cpu")] and flags[torch.device("cpu")].item() == 0.0
+    a.grad = torch.tensor([1.0, float("inf"), 1.0])
+    flags = scaler._unscale_grads_(opt, torch.tensor([0.5]), torch.zeros(1), True)
+    assert flags[torch.device("cpu")].item() == 1.0
+    none = torch.optim.SGD([nn.Parameter(torch.ones(1))], lr=0.1)
+    assert list(scaler._unscale_grads_(none, torch.tensor([0.5]), torch.zeros(1), True)) == [
+        torch.device("cpu")]

@@ -514,15 +514,19 @@ def check_init_contexts(ctx: RankContext) -> None:
     param_dtype = getattr(torch, row.param_dtype)
     from interlock.strategies.module_wrapper import unwrap
 
+    # where parameters rest after setup: the root device, or CPU memory for a strategy
+    # that declares it offloads them
+    home = (torch.device("cpu") if "parameter_offload" in ctx.spec.capabilities
+            else s.root_device)
     for empty in (False, True):
         with s.module_init_context(empty_init=empty):
             net = reference.model()
         module, _ = _setup(ctx, net)
         for name, p in unwrap(module).named_parameters():
             local = p.to_local() if isinstance(p, DTensor) else p
-            e(local.device.type == s.root_device.type and not local.is_meta,
+            e(local.device.type == home.type and not local.is_meta,
                    f"module_init_context(empty_init={empty}) then setup_module: {name} is on "
-                   f"{local.device}, not {s.root_device}")
+                   f"{local.device}, not {home}")
             e(local.dtype == param_dtype,
                    f"module_init_context(empty_init={empty}): {name} is {local.dtype}, "
                    f"expected {param_dtype} for {ctx.precision}")

@@ -157,7 +157,7 @@ BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
         options={"cpu_offload": True},
         substitutes={"cpu": "fsdp", "xla": "xla_fsdp"},
         precision_plugin="fsdp",
-        capabilities=_PARALLEL,
+        capabilities=_PARALLEL | {"parameter_offload"},
     ),
     StrategySpec(
         name="model_parallel",

@@ -30,6 +30,9 @@ CAPABILITIES: dict[str, str] = {
     "(partitioned) buffers, so a parameter's `.grad` stays None after backward "
     "(DeepSpeed's ZeRO engine); the suite checks exactly that instead of the gradient "
     "dtype",
+    "parameter_offload": "a declared difference: between uses the parameters (or their "
+    "shards) live in CPU memory, not on root_device (FSDP's CPU offload); the suite "
+    "checks that they are on the CPU instead",
 }
 
 #: the family a third-party strategy declares when it belongs to none of the built-in
