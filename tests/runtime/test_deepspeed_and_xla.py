@@ -52,7 +52,10 @@ def test_every_deepspeed_row_builds_the_config_its_name_promises(spec: Any) -> N
 
 def test_precision_sections_and_overrides_merge_key_by_key(tmp_path: Path) -> None:
     fp16 = deepspeed_config(precision="16-true")
-    assert fp16["fp16"]["enabled"] and fp16["fp16"]["loss_scale"] == 0, "dynamic scaling"
+    # 16-true has no scaler: a static scale of 1, never a skipped step
+    assert fp16["fp16"] == {"enabled": True, "loss_scale": 1.0}, fp16
+    # ZeRO-3's process-wide replacement of torch.nn.functional.linear stays off
+    assert deepspeed_config(stage=3)["zero_optimization"]["memory_efficient_linear"] is False
     assert deepspeed_config(precision="bf16-true")["bf16"] == {"enabled": True}
     assert deepspeed_config(precision="16-mixed")["torch_autocast"]["dtype"] == "float16"
     plain = deepspeed_config()
@@ -267,21 +270,37 @@ def test_deepspeed_stage_2_trains_on_cuda(tmp_path: Path) -> None:
     strategy = interlock.resolve(strategy="deepspeed_stage_2", devices=1,
                                  precision="bf16-mixed")
     assert isinstance(strategy, DeepSpeedStrategy)
-    result = strategy.launch(_deepspeed_train, str(tmp_path / "ds"))
+    # the row's script launcher re-runs the main script for the other ranks, and a
+    # pytest(-xdist) worker has none: spawn the rank instead (fork is unsafe once
+    # CUDA is initialised in this process)
+    result = _launch_spawned(strategy, _deepspeed_train, str(tmp_path / "ds"))
     assert result["loss_went_down"], result
     assert (tmp_path / "ds").is_dir()
     del workloads
 
 
+def _launch_spawned(strategy: DeepSpeedStrategy, fn: Any, *args: Any) -> Any:
+    """``strategy.launch(fn, *args)`` with spawned worker processes."""
+    from interlock.strategies.base import _run_worker
+    from interlock.strategies.launchers import MultiProcessingLauncher
+
+    launcher = MultiProcessingLauncher(start_method="spawn",
+                                       num_processes=strategy.num_processes)
+    return launcher.launch(_run_worker, strategy, fn, args, {})
+
+
 def _deepspeed_train(strategy: Any, path: str) -> dict[str, Any]:
     import workloads
 
+    # the optimizer over the module's own parameters (DeepSpeed maps each to its name)
+    model = workloads.model()
     net, (opt,) = strategy.setup_module_and_optimizers(
-        workloads.model(), [torch.optim.Adam(workloads.model().parameters(), lr=1e-2)]
+        model, [torch.optim.Adam(model.parameters(), lr=1e-2)]
     )
     losses = []
-    for step in range(5):
-        x, y = strategy.batch_to_device(workloads.batch(step))
+    # one batch throughout: its loss must fall (fresh batches each step need not)
+    x, y = strategy.batch_to_device(workloads.batch(0))
+    for _ in range(5):
         loss = torch.nn.functional.mse_loss(net(x).float(), y)
         strategy.backward(loss, net)
         strategy.optimizer_step(opt)
@@ -383,3 +402,99 @@ def test_deepspeed_nvme_offload_trains_on_cpu_like_plain_torch(tmp_path: Path) -
     got = launch_forked(strategy, _deepspeed_steps, 3, 1)
     for key, value in _plain_steps(3).items():
         close(got[key], value, f"nvme offload {key}", rtol=1.3e-6, atol=1e-5)
+
+
+def _loss_scaled_steps(strategy: Any, steps: int) -> dict[str, Any]:
+    """A step with an inf loss, then ``steps`` steps, under a dynamic loss scale handed
+    to the engine as 16-mixed's is (16-mixed itself needs CUDA: DeepSpeed's CPU
+    accelerator has no float16)."""
+    from interlock.conformance import reference
+    from interlock.conformance.checks import full, share
+    from interlock.strategies.precision.deepspeed import LossScale
+
+    strategy.precision.loss_scale = LossScale()
+    net = reference.model()
+    opt = torch.optim.SGD(net.parameters(), lr=reference.LR, momentum=0.9)
+    module, (opt,) = strategy.setup_module_and_optimizers(net, [opt])
+    before = {k: v.clone() for k, v in full(module.state_dict()).items()}
+    scales = [strategy.precision.state_dict()["scaler"]["scale"]]
+    for step in [-1, *range(steps)]:  # -1: the same batch as 0, with an inf loss
+        x, y = reference.batch(max(step, 0))
+        x, y = strategy.batch_to_device((share(x, strategy), share(y, strategy)))
+        loss = torch.nn.functional.mse_loss(module(x).float(), y)
+        strategy.backward(loss * float("inf") if step < 0 else loss, module)
+        strategy.optimizer_step(opt)
+        scales.append(strategy.precision.state_dict()["scaler"]["scale"])
+        if step < 0:
+            skipped = all(torch.equal(v, before[k])
+                          for k, v in full(module.state_dict()).items())
+    return {"params": full(module.state_dict()), "scales": scales, "skipped": skipped}
+
+
+@NEEDS_DEEPSPEED
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", ["deepspeed_stage_2", "deepspeed_stage_2_offload",
+                                  "deepspeed_stage_3", "deepspeed_stage_3_offload"])
+def test_deepspeed_loss_scale_skips_an_overflow_backs_off_and_trains_like_plain_torch(
+        name: str) -> None:
+    """The engine scales by the strategy's loss scale, unscales exactly (a power of
+    two), skips the step whose gradients are not finite, and the scale then halves."""
+    from harness import close, launch_forked
+
+    strategy = interlock.resolve(strategy=name, accelerator="cpu", devices=1)
+    assert isinstance(strategy, DeepSpeedStrategy)
+    got = launch_forked(strategy, _loss_scaled_steps, 3)
+    assert got["skipped"], f"{name}: the step with an inf loss changed the parameters"
+    assert got["scales"] == [2.0**16, 2.0**15, 2.0**15, 2.0**15, 2.0**15], got["scales"]
+    for key, value in _plain_steps(3).items():
+        close(got["params"][key], value, f"{name} loss-scaled {key}", rtol=1.3e-6, atol=1e-5)
+
+
+def _engine_after_an_autocast_engine(strategy: Any) -> dict[str, Any]:
+    """Train 3 steps through ``strategy`` after DeepSpeed has been told, process-wide,
+    that float16 autocast is on (what any earlier 16-mixed engine in the process
+    leaves behind), and report what the new engine's optimizer made of it."""
+    import deepspeed.runtime.torch_autocast as autocast_state
+
+    autocast_state.TORCH_AUTOCAST_INITIALIZED = True
+    autocast_state.TORCH_AUTOCAST_DTYPE = torch.float16
+    got = _deepspeed_steps(strategy, 3, 1)
+    scaler = getattr(strategy.engine.optimizer, "torch_autocast_gradscaler", None)
+    return {"params": got, "scaler": scaler is not None}
+
+
+@NEEDS_DEEPSPEED
+@pytest.mark.timeout(300)
+def test_an_earlier_autocast_engine_does_not_leak_a_loss_scaler_into_the_next() -> None:
+    """DeepSpeed never clears its process-wide autocast flag; on CUDA a 16-true engine
+    built after a 16-mixed one got a float16 GradScaler and skipped its first step.
+    The strategy clears the flag before each engine it builds."""
+    from harness import close, launch_forked
+
+    strategy = interlock.resolve(strategy="deepspeed_stage_2", accelerator="cpu", devices=1)
+    assert isinstance(strategy, DeepSpeedStrategy)
+    result = launch_forked(strategy, _engine_after_an_autocast_engine)
+    assert result["scaler"] is False, "the 32-true engine was given autocast's GradScaler"
+    for key, value in _plain_steps(3).items():
+        close(result["params"][key], value, key, rtol=1.3e-6, atol=1e-5)
+
+
+def _train_once(strategy: Any) -> dict[str, torch.Tensor]:
+    return _deepspeed_steps(strategy, 2, 1)
+
+
+@NEEDS_DEEPSPEED
+@pytest.mark.timeout(300)
+def test_two_deepspeed_launches_in_one_process_both_train() -> None:
+    """The second launch builds a new process group; DeepSpeed's cached clone of the
+    first one (a module global) must not survive teardown, or deepspeed.initialize
+    fails with "Group ... is not registered"."""
+    from harness import close
+
+    want = _plain_steps(2)
+    for attempt in range(2):
+        strategy = interlock.resolve(strategy="deepspeed_stage_2", accelerator="cpu",
+                                     devices=1)
+        got = strategy.launch(_train_once)
+        for key, value in want.items():
+            close(got[key], value, f"launch {attempt + 1}: {key}", rtol=1.3e-6, atol=1e-5)

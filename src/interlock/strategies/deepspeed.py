@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import datetime
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -27,6 +28,7 @@ from interlock.strategies.io import CheckpointIO, CheckpointLoadError
 from interlock.strategies.module_wrapper import StrategyModule, unwrap
 from interlock.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 from interlock.strategies.precision import Precision
+from interlock.strategies.precision.deepspeed import DeepSpeedPrecision, LossScale
 
 if TYPE_CHECKING:
     from interlock.connector.planner import Plan
@@ -34,6 +36,9 @@ if TYPE_CHECKING:
 
 #: the entry of a DeepSpeed checkpoint that lists the caller's plain entries
 CLIENT_KEYS = "interlock_client_keys"
+#: the entry of a DeepSpeed checkpoint that holds the precision's state (16-mixed's
+#: loss scale; the engine saves its own loss scaler with the optimizer state)
+PRECISION_STATE = "interlock_precision"
 
 
 def import_deepspeed() -> Any:
@@ -113,7 +118,11 @@ class DeepSpeedOptimizer(Optimizer):
                            "strategy.optimizer_step(optimizer)")
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = self.zero_optimizer.state_dict()
+        """The engine's optimizer state. Its loss scaler is a live object that goes on
+        counting steps (and changing scale); the state holds a copy, as of now."""
+        state: dict[str, Any] = dict(self.zero_optimizer.state_dict())
+        if "loss_scaler" in state:
+            state["loss_scaler"] = copy.deepcopy(state["loss_scaler"])
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -204,6 +213,7 @@ class DeepSpeedStrategy(ParallelStrategy):
                 destroy()
             self._engine = None
         super().teardown()
+        _forget_process_groups()
 
     # ----------------------------------------------------------------- modules
 
@@ -217,11 +227,13 @@ class DeepSpeedStrategy(ParallelStrategy):
             )
         deepspeed = import_deepspeed()
         module = self.precision.convert_module(module)
+        _reset_autocast_state()
         engine, optimizer, _, _ = deepspeed.initialize(
             model=module, optimizer=optimizers[0], config=self.config,
             dist_init_required=False,
         )
         self._engine = engine
+        self._apply_loss_scale()
         # ZeRO wraps the caller's optimizer (re-pointed at its flat partitions) in an
         # object that is not a torch Optimizer: hand back the caller's own, so that
         # schedulers and references taken before keep driving what the engine steps
@@ -232,6 +244,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         :meth:`setup_module_and_optimizers`."""
         deepspeed = import_deepspeed()
         module = self.precision.convert_module(module)
+        _reset_autocast_state()
         engine, _, _, _ = deepspeed.initialize(model=module, config=self.config,
                                                dist_init_required=False)
         self._engine = engine
@@ -260,12 +273,49 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     def backward(self, loss: torch.Tensor, module: nn.Module | None = None, *args: Any,
                  **kwargs: Any) -> None:
+        """The engine's backward, which scales the loss (16-mixed: by the precision's
+        loss scale; 16-true: by DeepSpeed's static scale of 1)."""
+        self._apply_loss_scale()
         self.engine.backward(loss, *args, **kwargs)
 
     def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
         """The engine's step: unscale, clip (``gradient_clipping`` in the config), step
-        and zero the gradients."""
-        return self.engine.step(**kwargs)
+        and zero the gradients; a step with inf or NaN gradients is skipped (on every
+        rank), and 16-mixed's loss scale then backs off."""
+        boundary = bool(self.engine.is_gradient_accumulation_boundary())
+        result = self.engine.step(**kwargs)
+        scale = self._loss_scale()
+        if scale is not None and boundary:
+            scale.update(skipped=not self.engine.was_step_applied())
+            self._apply_loss_scale()
+        return result
+
+    def _loss_scale(self) -> LossScale | None:
+        precision = self.precision
+        return precision.loss_scale if isinstance(precision, DeepSpeedPrecision) else None
+
+    def _apply_loss_scale(self) -> None:
+        """Hand 16-mixed's loss scale to the engine's ZeRO optimizer, which then scales
+        the loss by it, unscales the gradients and skips a step whose gradient norm is
+        not finite.
+
+        DeepSpeed's own GradScaler for ``torch_autocast`` float16 is switched off: ZeRO
+        skips an overflowing step before that scaler sees it (so its scale never backs
+        off), and with optimizer offloading it unscales CPU gradients by a CUDA scale.
+        """
+        scale = self._loss_scale()
+        if scale is None or self._engine is None:
+            return
+        zero = self._engine.optimizer
+        if not callable(getattr(zero, "override_loss_scale", None)):
+            raise ValueError(
+                "precision='16-mixed' on DeepSpeed needs ZeRO stage 1, 2 or 3 (the loss "
+                f"scale is handed to the ZeRO optimizer); stage is "
+                f"{self.zero_options['stage']}: use bf16-mixed, or a ZeRO stage"
+            )
+        if getattr(zero, "torch_autocast_gradscaler", None) is not None:
+            zero.torch_autocast_gradscaler = None
+        zero.override_loss_scale(scale.scale)
 
     def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float,
                             norm_type: float = 2.0) -> torch.Tensor:
@@ -295,11 +345,15 @@ class DeepSpeedStrategy(ParallelStrategy):
         """A DeepSpeed checkpoint directory (every rank writes its partitions); the
         engine's module and optimizer are saved by the engine, plain values with them."""
         plain = self._plain_values(state)
-        if CLIENT_KEYS in plain:
-            raise ValueError(f"{CLIENT_KEYS!r} is reserved in DeepSpeed checkpoints")
+        for reserved in (CLIENT_KEYS, PRECISION_STATE):
+            if reserved in plain:
+                raise ValueError(f"{reserved!r} is reserved in DeepSpeed checkpoints")
         # which entries are the caller's: DeepSpeed returns its own with them on load
-        self.engine.save_checkpoint(str(path),
-                                    client_state={**plain, CLIENT_KEYS: sorted(plain)})
+        client = {**plain, CLIENT_KEYS: sorted(plain)}
+        precision_state = self.precision.state_dict()
+        if precision_state:
+            client[PRECISION_STATE] = precision_state
+        self.engine.save_checkpoint(str(path), client_state=client)
 
     def load_checkpoint(self, path: str | Path, state: dict[str, Any],
                         *, weights_only: bool = True) -> dict[str, Any]:
@@ -324,11 +378,15 @@ class DeepSpeedStrategy(ParallelStrategy):
             )
         for name in plain:
             state[name] = client[name]
+        precision_state = client.get(PRECISION_STATE)
+        if isinstance(precision_state, dict):
+            self.precision.load_state_dict(precision_state)
+            self._apply_loss_scale()
         # the caller's other entries; a checkpoint written by DeepSpeed directly does
         # not say which are the caller's, so it gets every entry but the asked ones
         theirs = client.get(CLIENT_KEYS, list(client))
         return {k: client[k] for k in theirs if k in client and k not in plain
-                and k != CLIENT_KEYS}
+                and k not in (CLIENT_KEYS, PRECISION_STATE)}
 
     def _plain_values(self, state: Mapping[str, Any]) -> dict[str, Any]:
         engine_module = unwrap(self.engine.module) if self._engine is not None else None
@@ -364,3 +422,36 @@ def _saved_client_keys(path: Path) -> set[str] | None:
     except Exception as error:  # a damaged file: say which
         raise CheckpointLoadError(str(path), f"{files[0]} cannot be read: {error}") from error
     return set(loaded) if isinstance(loaded, dict) else None
+
+
+def _reset_autocast_state() -> None:
+    """Clear DeepSpeed's process-wide "torch_autocast is on" flag before an engine is
+    built.
+
+    DeepSpeed sets that flag (and its dtype) when an engine with ``torch_autocast``
+    starts and never clears it; every later ZeRO optimizer in the process reads it.
+    After a 16-mixed engine, a 16-true engine therefore got a float16 GradScaler at
+    scale 65536 and skipped its first step (measured on CUDA: one step behind plain
+    torch). An engine whose config enables ``torch_autocast`` sets the flag again."""
+    import sys
+
+    module = sys.modules.get("deepspeed.runtime.torch_autocast")
+    if module is not None and hasattr(module, "TORCH_AUTOCAST_INITIALIZED"):
+        setattr(module, "TORCH_AUTOCAST_INITIALIZED", False)  # noqa: B010
+        setattr(module, "TORCH_AUTOCAST_DTYPE", None)  # noqa: B010
+
+
+def _forget_process_groups() -> None:
+    """Drop DeepSpeed's cached clones of the process group that teardown destroyed.
+
+    DeepSpeed keeps a clone of the world group in a module global and releases it only
+    when the group is destroyed through ``deepspeed.comm``; the strategy destroys its
+    group through torch, so a second launch in the same process found the stale clone
+    ("Group ... is not registered") in ``deepspeed.initialize``."""
+    import sys
+
+    groups = sys.modules.get("deepspeed.utils.groups")
+    release = getattr(groups, "_release_process_group_references", None)
+    if callable(release):
+        release(group=None)
+

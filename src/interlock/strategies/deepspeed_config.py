@@ -37,10 +37,14 @@ def deepspeed_config(
         remote_device: ``"cpu"``, or ``"nvme"`` (ZeRO-Infinity; needs ``nvme_path``).
         nvme_path: a directory on a fast local disk, for ``remote_device="nvme"``.
         precision: the canonical precision: ``16-true`` enables DeepSpeed's fp16 with
-            dynamic loss scaling, ``bf16-true`` its bf16 (half-precision parameters,
-            float32 master weights in the optimizer); ``16-mixed`` and ``bf16-mixed``
-            keep float32 parameters and run the forward pass under torch's autocast
-            (``torch_autocast``), with dynamic loss scaling for ``16-mixed``.
+            a static loss scale of 1 (the precision table's ``16-true`` has no scaler:
+            dynamic scaling would skip steps plain float16 training takes; ask for it
+            with ``overrides={"fp16": {"loss_scale": 0}}``), ``bf16-true`` its bf16
+            (half-precision parameters, float32 master weights in the optimizer);
+            ``16-mixed`` and ``bf16-mixed`` keep float32 parameters and run the forward
+            pass under torch's autocast (``torch_autocast``). ``16-mixed``'s loss scale
+            is the strategy's (:class:`~interlock.strategies.precision.deepspeed.\
+LossScale`), not the GradScaler DeepSpeed would make for it.
         overrides: a dict (or a JSON file) merged over the result, key by key at
             every level, for anything else DeepSpeed accepts.
 
@@ -72,6 +76,11 @@ def deepspeed_config(
     }
     if stage == 3:
         zero["sub_group_size"] = 1_000_000_000
+        # ZeRO-3's default swaps torch.nn.functional.linear for its own, process-wide and
+        # for good; that one's backward re-enters autocast for DeepSpeed's accelerator
+        # only, so a module trained under CPU autocast in the same CUDA process (plain
+        # torch, another strategy) breaks ("expected m1 and m2 to have the same dtype")
+        zero["memory_efficient_linear"] = False
     if offload_optimizer:
         zero["offload_optimizer"] = _offload(remote_device, nvme_path)
     if offload_parameters:
@@ -91,8 +100,10 @@ def deepspeed_config(
         # insist on its own CPU Adam (faster: pass it, or an optimizer section, yourself)
         config["zero_force_ds_cpu_optimizer"] = False
     if precision == "16-true":
-        config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16,
-                          "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
+        # 16-true is float16 parameters and compute with no loss scaler (the precision
+        # table): a static scale of 1, so DeepSpeed never skips a step plain float16
+        # training takes (its float32 master weights only round less)
+        config["fp16"] = {"enabled": True, "loss_scale": 1.0}
     elif precision == "bf16-true":
         config["bf16"] = {"enabled": True}
     elif precision in ("16-mixed", "bf16-mixed"):
