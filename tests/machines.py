@@ -31,9 +31,14 @@ def torchelastic(world: int, local: int, nodes: int, **extra: str) -> Machine:
 
 
 def slurm(ntasks: int, per_node: str | None, nodes: int, job_name: str = "train",
-          cuda: int = 4) -> Machine:
+          cuda: int = 4, step: bool = True) -> Machine:
+    """Rank 0 of a SLURM job: started by srun (a job step) unless ``step`` is false, which
+    leaves the allocation's variables only (salloc's shell; no SLURM_PROCID either)."""
     env = {"SLURM_NTASKS": str(ntasks), "SLURM_NNODES": str(nodes), "SLURM_JOB_NAME": job_name,
-           "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_JOB_ID": "42"}
+           "SLURM_JOB_ID": "42"}
+    if step:
+        env |= {"SLURM_STEP_ID": "0", "SLURM_STEPID": "0", "SLURM_PROCID": "0",
+                "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}
     if per_node is not None:
         env["SLURM_NTASKS_PER_NODE"] = per_node
     return Machine(cuda_devices=cuda, environ=env)

@@ -378,7 +378,8 @@ def test_slurm_mismatch_names_both_numbers() -> None:
 
 
 def test_slurm_single_task_and_interactive_are_local_with_a_note() -> None:
-    for machine in (slurm(1, "1", 1), slurm(4, "4", 1, job_name="interactive")):
+    # a one-task srun step, and salloc's shell (no srun step) in an interactive allocation
+    for machine in (slurm(1, "1", 1), slurm(4, "4", 1, job_name="interactive", step=False)):
         result = plan(devices=2, machine=machine)
         assert (result.cluster_environment, result.launcher) == ("local", "subprocess")
         assert any("SLURM" in note for note in result.notes)

@@ -10,6 +10,12 @@ from typeguard import suppress_type_checks
 
 from interlock import Machine, Plan, ResolutionError, plan, strategy_specs
 from interlock.connector.errors import ERROR_CODES, FLAGS
+from interlock.connector.limits import (
+    MAX_DEVICES_PER_NODE,
+    MAX_DEVICES_TEXT,
+    MAX_NUM_NODES,
+    MAX_WORLD_SIZE,
+)
 from interlock.connector.machine import OPTIONAL_PACKAGES, START_METHODS
 from interlock.connector.tables import (
     ACCELERATOR_INPUTS,
@@ -43,7 +49,8 @@ _environments = st.one_of(
 
 machines = st.builds(
     Machine,
-    cuda_devices=st.integers(min_value=0, max_value=16),
+    cuda_devices=st.one_of(st.integers(min_value=0, max_value=16),
+                           st.just(MAX_DEVICES_PER_NODE)),
     mps_available=st.booleans(),
     xla_devices=st.sampled_from([0, 0, 1, 4, 8]),
     environ=_environments,
@@ -64,6 +71,8 @@ typed_flags = st.fixed_dictionaries(
             st.integers(min_value=-3, max_value=20),
             st.lists(st.integers(min_value=-1, max_value=17), max_size=4),
             _junk_text,
+            # around the bound on devices per node, and far beyond it
+            st.integers(min_value=MAX_DEVICES_PER_NODE - 2, max_value=2**70),
         ),
         "strategy": st.one_of(_names, _junk_text, st.sampled_from(["dp", "DDP", "Fsdp "])),
         "precision": st.one_of(
@@ -72,7 +81,8 @@ typed_flags = st.fixed_dictionaries(
             st.integers(min_value=-1, max_value=100),
             _junk_text,
         ),
-        "num_nodes": st.integers(min_value=-1, max_value=4),
+        "num_nodes": st.one_of(st.integers(min_value=-1, max_value=4),
+                               st.integers(min_value=MAX_NUM_NODES - 1, max_value=2**70)),
         "plugins": st.one_of(
             st.none(),
             st.lists(
@@ -105,6 +115,8 @@ def check_plan(result: Plan, flags: dict[str, Any], machine: Machine) -> None:
     spec = result.spec
     context = f"plan({flags}) on [{machine.describe()}] gave {result}"
     assert result.world_size == len(result.parallel_devices) * result.num_nodes, context
+    assert result.devices <= MAX_DEVICES_PER_NODE and result.num_nodes <= MAX_NUM_NODES, context
+    assert result.world_size <= MAX_WORLD_SIZE, context
     assert result.accelerator in spec.accelerators, context
     assert result.precision in spec.precisions, context
     assert result.precision in ACCELERATOR_ROWS[result.accelerator].precisions, context
@@ -186,3 +198,54 @@ def test_valid_plans_are_reproduced_by_their_own_outcome(
             again.launcher, again.cluster_environment) == (
         first.accelerator, first.strategy, first.precision, first.parallel_devices,
         first.launcher, first.cluster_environment)
+
+
+# Numbers beyond the bounds of interlock.connector.limits, in every form a flag takes.
+_beyond = MAX_DEVICES_PER_NODE + 1
+_big = st.integers(min_value=_beyond, max_value=10**120) | st.sampled_from([2**62, 10**100])
+# more digits than Python turns into text (built by a map: hypothesis prints strategies)
+_huge = _big | st.integers(min_value=4301, max_value=6000).map(lambda k: 10**k)
+_digits = st.integers(min_value=5, max_value=6000).map(lambda k: "1" * k)  # 11111 and up
+absurd_devices = st.one_of(
+    _huge,
+    _big.map(str),
+    _digits,
+    st.tuples(st.lists(st.integers(min_value=0, max_value=7), max_size=3), _huge).map(
+        lambda t: [*t[0], t[1]]),
+    st.tuples(st.lists(st.integers(min_value=0, max_value=7).map(str), max_size=3),
+              _big.map(str) | _digits).map(lambda t: ",".join([*t[0], t[1]])),
+    st.sampled_from([_beyond, 10**5, 10**6]).map(lambda n: list(range(n))),
+    st.sampled_from([_beyond, 10**5]).map(lambda n: ",".join(map(str, range(n)))),
+    st.just(MAX_DEVICES_TEXT).map(lambda n: " " * n + "1"),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(devices=absurd_devices, machine=machines, strategy=_names)
+def test_absurd_devices_are_refused_before_anything_is_placed(
+    devices: Any, machine: Machine, strategy: str
+) -> None:
+    try:
+        result = plan(devices=devices, strategy=strategy, machine=machine)
+    except ResolutionError as error:
+        context = f"devices of type {type(devices).__name__} on [{machine.describe()}]: {error}"
+        assert (error.code, error.rule) == ("invalid-devices", "flags/devices-beyond-limit"), \
+            context
+        assert {step.stage for step in error.trace} <= {"flags"}, context
+        assert len(str(error)) < 1000, context
+    else:
+        raise AssertionError(f"absurd devices gave a plan: {result.summary()}")
+
+
+@settings(max_examples=100, deadline=None)
+@given(num_nodes=_huge.filter(lambda n: n > MAX_NUM_NODES)
+       | st.integers(min_value=MAX_NUM_NODES + 1, max_value=2**64),
+       machine=machines)
+def test_absurd_num_nodes_are_refused_when_parsed(num_nodes: int, machine: Machine) -> None:
+    try:
+        result = plan(num_nodes=num_nodes, machine=machine)
+    except ResolutionError as error:
+        assert (error.code, error.rule) == ("invalid-num-nodes", "flags/num-nodes-beyond-limit")
+        assert {step.stage for step in error.trace} <= {"flags"}
+    else:
+        raise AssertionError(f"num_nodes beyond the bound gave a plan: {result.summary()}")

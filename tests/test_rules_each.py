@@ -49,6 +49,9 @@ LSF = Machine(
 )
 MPI = Machine(environ={"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0",
                        "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0"})
+#: what the deepspeed launcher (and many in-house ones) export to rank 0 of 2
+EXTERNAL_LAUNCHER = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
 
 #: rule id -> (flags, machine, refusal code or None)
 EXAMPLES: dict[str, tuple[Flags, Machine, str | None]] = {
@@ -73,6 +76,7 @@ EXAMPLES: dict[str, tuple[Flags, Machine, str | None]] = {
     "flags/devices-count": ({"devices": "2"}, EIGHT_GPUS, None),
     "flags/devices-ids": ({"devices": "1,"}, EIGHT_GPUS, None),
     "flags/devices-invalid": ({"devices": 0}, CPU, "invalid-devices"),
+    "flags/devices-beyond-limit": ({"devices": 10**100}, CPU, "invalid-devices"),
     "flags/strategy-auto": ({"strategy": "Auto"}, CPU, None),
     "flags/strategy-name": ({"strategy": "DDP", "devices": 2}, CPU, None),
     "flags/strategy-withdrawn": ({"strategy": "dp"}, EIGHT_GPUS, "unknown-strategy"),
@@ -84,6 +88,7 @@ EXAMPLES: dict[str, tuple[Flags, Machine, str | None]] = {
     "flags/precision-unknown": ({"precision": "fp16"}, CPU, "unknown-precision"),
     "flags/num-nodes-int": ({"num_nodes": 2}, CPU, None),
     "flags/num-nodes-invalid": ({"num_nodes": 0}, CPU, "invalid-num-nodes"),
+    "flags/num-nodes-beyond-limit": ({"num_nodes": 2**62}, CPU, "invalid-num-nodes"),
     "flags/plugins-sorted": ({"plugins": [MyCheckpointIO()]}, CPU, None),
     "flags/plugins-invalid": ({"plugins": [NotAPlugin()]}, CPU, "invalid-plugin"),
     "flags/precision-and-plugin": (
@@ -114,22 +119,43 @@ EXAMPLES: dict[str, tuple[Flags, Machine, str | None]] = {
     "devices/xla-index": ({"devices": [3]}, TPU, None),
     "devices/xla-unavailable": ({"devices": 16}, TPU, "devices-unavailable"),
     "devices/xla-refused": ({"devices": 4}, TPU, "invalid-devices"),
+    "devices/per-node-beyond-limit": (
+        {"strategy": StandInStrategy("ddp", devices=("cpu",) * 5000)}, CPU, "invalid-devices"),
+    "devices/world-size-beyond-limit": ({"devices": 4096, "num_nodes": 4096}, CPU,
+                                        "invalid-num-nodes"),
+    "devices/within-limits": ({}, CPU, None),
     "cluster/plugin": ({"plugins": LocalCluster()}, CPU, None),
     "cluster/xla": ({}, TPU, None),
     "cluster/torchelastic": ({"devices": 8, "num_nodes": 2}, torchelastic(16, 8, 2), None),
-    "cluster/slurm-interactive": ({"devices": 2}, slurm(1, "1", 1, job_name="bash"), None),
+    "cluster/detection-invalid": ({}, Machine(environ={"INTERLOCK_CLUSTER_DETECTION": "of"}),
+                                  "invalid-environment"),
+    "cluster/detection-off": ({"devices": 2}, Machine(environ={
+        "INTERLOCK_CLUSTER_DETECTION": "off", **EXTERNAL_LAUNCHER}), None),
+    "cluster/torchelastic-in-slurm": ({"devices": 8, "num_nodes": 2}, Machine(
+        cuda_devices=8, environ={**slurm(2, "1", 2).environ, **torchelastic(16, 8, 2).environ}),
+        None),
+    "cluster/external-in-slurm": ({"devices": 2}, Machine(environ={
+        **slurm(1, "1", 1).environ, **EXTERNAL_LAUNCHER}), None),
+    "cluster/external": ({"devices": 2}, Machine(environ=EXTERNAL_LAUNCHER), None),
+    "cluster/slurm-interactive": ({"devices": 2},
+                                  slurm(1, "1", 1, job_name="bash", step=False), None),
+    "cluster/slurm-without-step": ({"devices": 4}, slurm(4, "4", 1, step=False), None),
     "cluster/slurm-single-task": ({"devices": 2}, slurm(1, "1", 1), None),
     "cluster/slurm": ({"devices": 4, "num_nodes": 2}, slurm(8, "4", 2), None),
     "cluster/kubeflow": ({"devices": 1, "num_nodes": 4}, KUBEFLOW, None),
     "cluster/lsf": ({"devices": 4, "num_nodes": 2}, LSF, None),
     "cluster/mpi": ({"devices": 2}, MPI, None),
     "cluster/local": ({}, CPU, None),
-    "cluster/unreadable-variable": ({"devices": 2}, slurm(2, "1,1", 2), "invalid-environment"),
+    "cluster/unreadable-variable": ({"devices": 2}, slurm(3, "2,1", 2), "invalid-environment"),
     "cluster/processes-per-node-mismatch": ({"devices": 4, "num_nodes": 2},
                                             torchelastic(4, 2, 2), "cluster-mismatch"),
     "cluster/nodes-mismatch": ({"devices": 4, "num_nodes": 1}, slurm(8, "4", 2),
                                "cluster-mismatch"),
     "cluster/world-size-mismatch": ({"devices": 4, "num_nodes": 1}, LSF, "cluster-mismatch"),
+    "cluster/local-rank-out-of-range": (
+        {"devices": 1, "num_nodes": 2},
+        Machine(environ={**EXTERNAL_LAUNCHER, "LOCAL_RANK": "1", "RANK": "1"}),
+        "cluster-mismatch"),
     "cluster/consistent": ({}, CPU, None),
     "strategy/explicit": ({"strategy": "single_device"}, CPU, None),
     "strategy/auto-xla": ({}, TPU, None),
@@ -138,6 +164,8 @@ EXAMPLES: dict[str, tuple[Flags, Machine, str | None]] = {
     "strategy/auto-single-device": ({}, CPU, None),
     "strategy/auto-notebook": ({"devices": 2}, NOTEBOOK, None),
     "strategy/auto-ddp": ({"devices": 2}, CPU, None),
+    "strategy/auto-devices-capped": ({"strategy": "single_device"}, EIGHT_GPUS, None),
+    "strategy/devices-as-placed": ({}, CPU, None),
     "strategy/unsupported-accelerator": ({"strategy": "fsdp_cpu_offload",
                                           "accelerator": "cpu"}, CPU,
                                          "unsupported-accelerator"),

@@ -59,7 +59,7 @@ def test_contract_values_are_covered() -> None:
         "transformer-engine", "transformer-engine-float16",
     }
     assert set(_names(CLUSTERS)) == {
-        "torchelastic", "slurm", "kubeflow", "lsf", "mpi", "xla", "local"}
+        "torchelastic", "slurm", "kubeflow", "lsf", "mpi", "external", "xla", "local"}
     assert set(_names(LAUNCHERS)) == {
         "subprocess", "spawn", "fork", "forkserver", "xla", "external"}
     assert not set(_names(WITHDRAWN_STRATEGIES)) & CONTRACT_STRATEGIES
@@ -123,7 +123,8 @@ def test_codes_are_kebab_case() -> None:
 
 def test_probe_keeps_every_cluster_variable() -> None:
     for row in CLUSTERS:
-        for name in (*row.world_size_vars, *row.local_size_vars, *row.nodes_vars):
+        for name in (*row.world_size_vars, *row.local_size_vars, *row.nodes_vars,
+                     *row.local_rank_vars):
             assert name in row.variables, f"{row.name} reads {name} but does not declare it"
         assert set(row.variables) <= set(ENVIRONMENT_VARIABLES)
 

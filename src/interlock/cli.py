@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from interlock.connector.errors import ResolutionError
+from interlock.connector.limits import MAX_DEVICES_PER_NODE, short_repr
 from interlock.connector.machine import OPTIONAL_PACKAGES, START_METHODS, Machine
 from interlock.connector.planner import plan
 from interlock.connector.registry import RegistrationError
@@ -19,6 +20,10 @@ SIMULATE_HELP = (
     "cuda=N, mps, xla=N (implies torch_xla installed), pkg=NAME (an optional package: "
     f"{', '.join(OPTIONAL_PACKAGES)}), interactive, nofork, cpu (nothing extra)"
 )
+
+
+#: the subcommands, in the order the help lists them
+COMMANDS: tuple[str, ...] = ("plan", "matrix", "doctor", "conformance", "env")
 
 
 class UsageError(ValueError):
@@ -36,11 +41,20 @@ def parse_simulate(text: str) -> Machine:
         key, _, value = token.partition("=")
         if key in ("cuda", "xla"):
             if not (value.isascii() and value.isdigit()):
-                raise UsageError(f"--simulate {key}= needs a device count, got {token!r}")
+                raise UsageError(f"--simulate {key}= needs a device count, got "
+                                 f"{short_repr(token)}")
+            # compared as digits first: int() of a 5,000-digit string is refused
+            digits = value.lstrip("0") or "0"
+            if (len(digits) > len(str(MAX_DEVICES_PER_NODE))
+                    or int(digits) > MAX_DEVICES_PER_NODE):
+                raise UsageError(
+                    f"--simulate {key}= is at most {MAX_DEVICES_PER_NODE} devices (no host "
+                    f"has more; see interlock.connector.limits), got {short_repr(value)}"
+                )
             if key == "cuda":
-                cuda = int(value)
+                cuda = int(digits)
             else:
-                xla = int(value)
+                xla = int(digits)
                 packages.add("torch_xla")
         elif key == "pkg" and value in OPTIONAL_PACKAGES:
             packages.add(value)
@@ -58,7 +72,8 @@ def parse_simulate(text: str) -> Machine:
         elif token in ("cpu", ""):
             continue
         else:
-            raise UsageError(f"--simulate token {token!r} is unknown. {SIMULATE_HELP}")
+            raise UsageError(f"--simulate token {short_repr(token)} is unknown. "
+                             f"{SIMULATE_HELP}")
     return Machine(
         cuda_devices=cuda,
         mps_available=mps,

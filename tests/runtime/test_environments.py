@@ -39,9 +39,12 @@ TORCHELASTIC = {
 SLURM = {
     "SLURM_NTASKS": "8", "SLURM_NNODES": "2", "SLURM_NTASKS_PER_NODE": "4",
     "SLURM_JOB_NAME": "train", "SLURM_PROCID": "5", "SLURM_LOCALID": "1",
-    "SLURM_NODEID": "1", "SLURM_JOB_ID": "123456",
+    "SLURM_NODEID": "1", "SLURM_JOB_ID": "123456", "SLURM_STEP_ID": "0", "SLURM_STEPID": "0",
     "SLURM_NODELIST": "node[001-003,007],gpu-a[1-2]",
 }
+#: what salloc (or sbatch, in the batch script) exports: an allocation, no srun step
+SLURM_ALLOCATION = {"SLURM_NTASKS": "8", "SLURM_NNODES": "2", "SLURM_NTASKS_PER_NODE": "4",
+                    "SLURM_JOB_NAME": "interactive", "SLURM_JOB_ID": "123456"}
 KUBEFLOW = {
     "KUBERNETES_PORT": "tcp://10.96.0.1:443", "MASTER_ADDR": "job-master-0",
     "MASTER_PORT": "23456", "WORLD_SIZE": "3", "RANK": "2",
@@ -90,7 +93,7 @@ def test_local_defaults_in_a_plain_process() -> None:
 def test_local_child_of_the_script_launcher_reads_its_variables() -> None:
     env = LocalEnvironment(environ={
         "LOCAL_RANK": "1", "NODE_RANK": "1", "WORLD_SIZE": "4", "RANK": "3",
-        "MASTER_ADDR": "10.1.1.1", "MASTER_PORT": "12345",
+        "MASTER_ADDR": "10.1.1.1", "MASTER_PORT": "12345", "INTERLOCK_RENDEZVOUS": "h:1",
     })
     assert snapshot(env) == {
         "external": True, "address": "10.1.1.1", "port": 12345,
@@ -121,10 +124,14 @@ def test_local_setters_override_the_environment() -> None:
 
 def test_environment_is_read_lazily_from_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.delenv("INTERLOCK_RENDEZVOUS", raising=False)
     env = LocalEnvironment()
     assert env.creates_processes_externally is False
-    monkeypatch.setenv("LOCAL_RANK", "2")  # as a launcher would, after construction
-    assert (env.creates_processes_externally, env.local_rank()) == (True, 2)
+    monkeypatch.setenv("LOCAL_RANK", "2")  # another launcher's (or a scheduler's) variable
+    assert (env.creates_processes_externally, env.local_rank()) == (False, 2), (
+        "LOCAL_RANK alone does not make a process one of interlock's children")
+    monkeypatch.setenv("INTERLOCK_RENDEZVOUS", "127.0.0.1:5")  # as interlock's launcher does
+    assert env.creates_processes_externally is True
 
 
 def test_torchelastic() -> None:
@@ -324,8 +331,13 @@ def test_unreadable_variables_are_named(environ: dict[str, str], variable: str) 
         (TorchElasticEnvironment, SLURM, False),
         (TorchElasticEnvironment, {}, False),
         (SLURMEnvironment, SLURM, True),
-        (SLURMEnvironment, {**SLURM, "SLURM_JOB_NAME": "bash"}, False),
-        (SLURMEnvironment, {**SLURM, "SLURM_JOB_NAME": "interactive"}, False),
+        # srun inside an interactive allocation (salloc; srun python ...): a job step
+        (SLURMEnvironment, {**SLURM, "SLURM_JOB_NAME": "bash"}, True),
+        (SLURMEnvironment, {**SLURM, "SLURM_JOB_NAME": "interactive"}, True),
+        # no step: salloc's shell, or a batch script running python without srun
+        (SLURMEnvironment, SLURM_ALLOCATION, False),
+        (SLURMEnvironment, {**SLURM_ALLOCATION, "SLURM_JOB_NAME": "train",
+                            "SLURM_PROCID": "0"}, False),
         (SLURMEnvironment, TORCHELASTIC, False),
         (KubeflowEnvironment, KUBEFLOW, True),
         (KubeflowEnvironment, {k: v for k, v in KUBEFLOW.items() if k != "KUBERNETES_PORT"},

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from interlock.connector.limits import short_repr
 from interlock.connector.trace import TraceStep
 
 #: Every refusal code the engine can raise, with its meaning. Codes are stable API:
@@ -20,9 +21,11 @@ ERROR_CODES: Mapping[str, str] = MappingProxyType(
         "unknown-option": "a strategy's options name a keyword its factory does not take "
         "(checked when the plan is built, where the factory is imported)",
         "unknown-precision": "the precision is neither a canonical name nor a legacy alias",
-        "invalid-devices": "the devices value cannot be parsed, or does not fit the "
-        "accelerator or strategy",
-        "invalid-num-nodes": "num_nodes is not an int >= 1",
+        "invalid-devices": "the devices value cannot be parsed, is beyond the bound on "
+        "devices per node (`interlock.connector.limits`), or does not fit the accelerator "
+        "or strategy",
+        "invalid-num-nodes": "num_nodes is not an int >= 1, or it (or the world size it "
+        "makes) is beyond its bound (`interlock.connector.limits`)",
         "invalid-plugin": "a plugin is of an unknown kind, or a kind was given twice",
         "conflicting-flags": "two flags set the same thing to different values",
         "accelerator-unavailable": "the machine has no device of that accelerator",
@@ -118,7 +121,9 @@ class ResolutionError(ValueError):
         super().__init__(self._message())
 
     def _message(self) -> str:
-        head = f"{self.flag}={self.value!r}" if self.flag != "environment" else "environment"
+        # short_repr: the value may be absurd (a million ids, a 5,000-digit int)
+        head = (f"{self.flag}={short_repr(self.value)}" if self.flag != "environment"
+                else "environment")
         text = f"[{self.code}] {head}: {self.reason}"
         if self.suggestion is not None:
             text += f" Did you mean {self.suggestion!r}?"
@@ -136,8 +141,9 @@ class ResolutionError(ValueError):
         return {
             "code": self.code,
             "flag": self.flag,
-            "value": self.value if isinstance(self.value, (str, int, float, bool, type(None)))
-            else repr(self.value),
+            "value": self.value if isinstance(self.value, (str, float, bool, type(None)))
+            or (isinstance(self.value, int) and self.value.bit_length() <= 64)
+            else short_repr(self.value),
             "reason": self.reason,
             "choices": list(self.choices),
             "suggestion": self.suggestion,

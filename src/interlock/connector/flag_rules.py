@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 from interlock.connector.errors import did_you_mean
+from interlock.connector.limits import (
+    MAX_DEVICES_PER_NODE,
+    MAX_DEVICES_TEXT,
+    MAX_NUM_NODES,
+    short_repr,
+)
 from interlock.connector.registry import EntryPointStatus
 from interlock.connector.rules import (
     Context,
@@ -342,21 +349,53 @@ PRECISION_FLAG = Decision(
 # --------------------------------------------------------------------------- devices
 
 
+#: Decimal digits of the bound on devices per node: a digit string with more
+#: significant digits than this is beyond the bound without being read.
+_MAX_DIGITS = len(str(MAX_DEVICES_PER_NODE))
+
+
+def _number(text: str) -> int | None:
+    """The value of an ASCII digit string (surrounding spaces allowed), or None.
+
+    A string with more significant digits than any device count or id can have is
+    read as one past the bound, without converting it: Python refuses ints past
+    4,300 digits, and the rule that refuses counts beyond the bound runs first.
+    """
+    text = text.strip()
+    # isascii(): str.isdigit() also accepts superscripts and other scripts' digits
+    if not (text.isascii() and text.isdigit()):
+        return None
+    significant = text.lstrip("0")
+    if len(significant) > _MAX_DIGITS:
+        return MAX_DEVICES_PER_NODE + 1
+    return int(significant or "0")
+
+
+@functools.lru_cache(maxsize=8)
+def _id_items(text: str) -> tuple[tuple[str, int | None], ...] | None:
+    """The items of "0,1" or "1," (a trailing comma ends the list), each as written and
+    as read (None when not a number), or None when the string is no comma list or
+    has more items than a node can have devices. Cached: three rules read the same
+    string, and an id list may be thousands of items long."""
+    if "," not in text or text.count(",") > MAX_DEVICES_PER_NODE:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    if parts[-1] == "":
+        parts.pop()
+    return tuple((p, _number(p)) for p in parts)
+
+
 def _id_string(value: object) -> tuple[int, ...] | None:
     """Parse "0,1" or "1," into ids; None when the string is not such a list."""
-    if not isinstance(value, str) or "," not in value:
+    items = _id_items(value) if isinstance(value, str) else None
+    if not items or any(n is None for _, n in items):
         return None
-    parts = [p.strip() for p in value.split(",")]
-    if parts and parts[-1] == "":
-        parts = parts[:-1]
-    if not parts or not all(p.isascii() and p.isdigit() for p in parts):
-        return None
-    ids = tuple(int(p) for p in parts)
+    ids = tuple(n for _, n in items if n is not None)
     return ids if len(set(ids)) == len(ids) else None
 
 
 def _id_sequence(value: object) -> tuple[int, ...] | None:
-    if not isinstance(value, (list, tuple)) or not value:
+    if not isinstance(value, (list, tuple)) or not value or len(value) > MAX_DEVICES_PER_NODE:
         return None
     if not all(_is_int(v) and v >= 0 for v in value):
         return None
@@ -365,10 +404,46 @@ def _id_sequence(value: object) -> tuple[int, ...] | None:
 
 
 def _digit_count(value: object) -> int | None:
-    # isascii(): str.isdigit() also accepts superscripts and other scripts' digits
-    text = value.strip() if isinstance(value, str) else ""
-    if text.isascii() and text.isdigit() and int(text) > 0:
-        return int(text)
+    count = _number(value) if isinstance(value, str) else None
+    return count if count else None
+
+
+def _beyond_limit(value: object) -> str | None:
+    """Why the devices value is beyond the bound on devices per node, or None.
+
+    Decided from sizes before anything is enumerated: a string's commas are counted
+    and a list's length is read before any item is looked at.
+    """
+    bound = MAX_DEVICES_PER_NODE
+    where = "interlock.connector.limits.MAX_DEVICES_PER_NODE"
+    if isinstance(value, str) and len(value) > MAX_DEVICES_TEXT:
+        return (f"the string has {len(value)} characters; no devices value within the "
+                f"bound of {bound} devices per node ({where}) is longer than "
+                f"{MAX_DEVICES_TEXT}.")
+    count: int | None = None
+    if _is_int(value):
+        count = value  # type: ignore[assignment]
+    elif isinstance(value, str):
+        count = _number(value)
+    if count is not None and count > bound:
+        return (f"{short_repr(value)} devices per node is beyond the bound of {bound} "
+                f"({where}); no node has that many devices or CPU cores.")
+    pairs: Sequence[tuple[object, object]] = ()  # (id as written, id as read)
+    items = -1
+    if isinstance(value, str) and "," in value:
+        text = value.strip()
+        items = text.count(",") + (0 if text.endswith(",") else 1)
+        pairs = _id_items(value) or ()
+    elif isinstance(value, (list, tuple)):
+        items = len(value)
+        pairs = [(v, v) for v in value] if items <= bound else ()
+    if items > bound:
+        return (f"the id list has {items} items, beyond the bound of {bound} devices per "
+                f"node ({where}).")
+    for written, read in pairs:
+        if _is_int(read) and read >= bound:  # type: ignore[operator]
+            return (f"device id {short_repr(written)} is beyond the highest id a node can "
+                    f"have ({bound - 1}; {where}).")
     return None
 
 
@@ -447,10 +522,30 @@ def _refuse_devices(ctx: Context) -> str:
     )
 
 
+def _refuse_beyond_limit(ctx: Context) -> str:
+    refuse(
+        "invalid-devices",
+        flag="devices",
+        value=ctx.devices_flag,
+        reason=_beyond_limit(ctx.devices_flag) or "",
+        choices=("auto", "1"),
+    )
+
+
 DEVICES_FLAG = Decision(
     id="flags/devices",
     doc="Parse the devices flag into auto, all, a count or a list of ids.",
     rules=(
+        Rule(
+            id="flags/devices-beyond-limit",
+            doc=f"A count above {MAX_DEVICES_PER_NODE} (the bound on devices per node, "
+            "`interlock.connector.limits`), an id list longer than that, an id at or "
+            f"above it, or a string longer than {MAX_DEVICES_TEXT} characters; decided "
+            "from lengths and digit counts before anything is converted or enumerated.",
+            when=lambda c: _beyond_limit(c.devices_flag) is not None,
+            then=_refuse_beyond_limit,
+            refuses="invalid-devices",
+        ),
         Rule(
             id="flags/devices-auto",
             doc="'auto' (case-insensitive).",
@@ -509,10 +604,35 @@ def _refuse_num_nodes(ctx: Context) -> str:
     )
 
 
+def _nodes_beyond_limit(ctx: Context) -> bool:
+    value = ctx.num_nodes_flag
+    return _is_int(value) and value > MAX_NUM_NODES  # type: ignore[operator]
+
+
+def _refuse_nodes_beyond_limit(ctx: Context) -> str:
+    refuse(
+        "invalid-num-nodes",
+        flag="num_nodes",
+        value=ctx.num_nodes_flag,
+        reason=f"{short_repr(ctx.num_nodes_flag)} nodes is beyond the bound of "
+        f"{MAX_NUM_NODES} (interlock.connector.limits.MAX_NUM_NODES); no machine has that "
+        "many nodes.",
+        choices=("1", "2"),
+    )
+
+
 NUM_NODES_FLAG = Decision(
     id="flags/num_nodes",
-    doc="num_nodes must be an int >= 1.",
+    doc=f"num_nodes must be an int from 1 to {MAX_NUM_NODES}.",
     rules=(
+        Rule(
+            id="flags/num-nodes-beyond-limit",
+            doc=f"An int above {MAX_NUM_NODES}, the bound on nodes "
+            "(`interlock.connector.limits`).",
+            when=_nodes_beyond_limit,
+            then=_refuse_nodes_beyond_limit,
+            refuses="invalid-num-nodes",
+        ),
         Rule(
             id="flags/num-nodes-int",
             doc="An int >= 1 (bools excluded).",
@@ -775,9 +895,9 @@ def _adopt_instance_parts(ctx: Context) -> str:
         taken.append(f"num_nodes {nodes}")
     devices = parts.get("devices")
     if isinstance(devices, tuple) and devices:
-        indices = [d.partition(":")[2] for d in devices]
-        if all(i.isdigit() for i in indices):
-            ctx.devices = DevicesRequest(kind="ids", ids=tuple(int(i) for i in indices))
+        indices = [_number(d.partition(":")[2]) if ":" in d else None for d in devices]
+        if all(i is not None for i in indices):
+            ctx.devices = DevicesRequest(kind="ids", ids=tuple(i or 0 for i in indices))
         else:
             ctx.devices = DevicesRequest(kind="count", count=len(devices))
         taken.append(f"devices {', '.join(devices)}")

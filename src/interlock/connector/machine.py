@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from interlock.connector.limits import MAX_DEVICES_PER_NODE, short_repr
+
 #: Optional packages whose presence changes what the engine may choose.
 OPTIONAL_PACKAGES: tuple[str, ...] = (
     "torch_xla",
@@ -51,7 +53,14 @@ class Machine:
         for name in ("cuda_devices", "xla_devices"):
             count = getattr(self, name)
             if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-                raise ValueError(f"Machine.{name} must be an int >= 0, got {count!r}")
+                raise ValueError(
+                    f"Machine.{name} must be an int >= 0, got {short_repr(count)}"
+                )
+            if count > MAX_DEVICES_PER_NODE:
+                raise ValueError(
+                    f"Machine.{name} must be at most {MAX_DEVICES_PER_NODE} (no host has "
+                    f"more devices; see interlock.connector.limits), got {short_repr(count)}"
+                )
         for name in ("mps_available", "interactive"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Machine.{name} must be a bool, got {getattr(self, name)!r}")

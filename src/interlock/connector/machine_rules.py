@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from interlock.connector.limits import (
+    MAX_DEVICES_PER_NODE,
+    MAX_NUM_NODES,
+    MAX_WORLD_SIZE,
+    short_repr,
+)
 from interlock.connector.rules import (
     Action,
     Context,
@@ -18,10 +26,15 @@ from interlock.connector.tables import (
     ACCELERATOR_ROWS,
     CLUSTER_ROWS,
     CLUSTERS,
+    DETECTION_VALUES,
+    DETECTION_VARIABLE,
     INSTALL_HINTS,
     SLURM_INTERACTIVE_JOB_NAMES,
     AcceleratorRow,
     ClusterRow,
+    external_launcher_detect,
+    slurm_allocation,
+    slurm_step,
 )
 
 # --------------------------------------------------------------------------- accelerator
@@ -244,7 +257,9 @@ def _ids_indexed(ctx: Context) -> str:
 
 def _device_choices(ctx: Context) -> tuple[str, ...]:
     n = _count(ctx)
-    return ("auto", "-1", *(str(i) for i in range(1, n + 1)))
+    # every count up to 16, then the full one: a simulated host may have thousands
+    counts = [*range(1, min(n, 16) + 1), *([n] if n > 16 else [])]
+    return ("auto", "-1", *(str(i) for i in counts))
 
 
 def _refuse_unavailable_devices(ctx: Context) -> str:
@@ -402,10 +417,78 @@ DEVICES_CHOICE = Decision(
     ),
 )
 
+
+
+def _refuse_per_node_limit(ctx: Context) -> str:
+    refuse(
+        "invalid-devices",
+        flag="devices",
+        value=ctx.devices_flag,
+        reason=f"the strategy instance was given {ctx.devices_per_node} devices per node, "
+        f"beyond the bound of {MAX_DEVICES_PER_NODE} "
+        "(interlock.connector.limits.MAX_DEVICES_PER_NODE).",
+        choices=("auto", "1"),
+    )
+
+
+def _world_beyond_limit(ctx: Context) -> bool:
+    return ctx.num_nodes > MAX_NUM_NODES or ctx.world_size > MAX_WORLD_SIZE
+
+
+def _refuse_world_limit(ctx: Context) -> str:
+    per_node = ctx.devices_per_node
+    if ctx.num_nodes > MAX_NUM_NODES:
+        why = (f"{short_repr(ctx.num_nodes)} nodes is beyond the bound of {MAX_NUM_NODES} "
+               "(interlock.connector.limits.MAX_NUM_NODES)")
+    else:
+        why = (f"{per_node} device{'s' if per_node != 1 else ''} per node x "
+               f"{ctx.num_nodes} nodes makes a world size of {ctx.world_size}, beyond the "
+               f"bound of {MAX_WORLD_SIZE} (interlock.connector.limits.MAX_WORLD_SIZE)")
+    refuse(
+        "invalid-num-nodes",
+        flag="num_nodes",
+        value=ctx.num_nodes_flag,
+        reason=f"{why}; no job has run that many processes.",
+        choices=(str(min(MAX_NUM_NODES, MAX_WORLD_SIZE // max(per_node, 1))),),
+    )
+
+
+DEVICES_LIMITS = Decision(
+    id="devices/limits",
+    doc="The placed geometry must stay within the bounds of interlock.connector.limits. "
+    "The flags are bounded when parsed; this catches the product devices x nodes, and the "
+    "parts a strategy instance brought.",
+    rules=(
+        Rule(
+            id="devices/per-node-beyond-limit",
+            doc=f"More than {MAX_DEVICES_PER_NODE} devices per node (only a strategy "
+            "instance's own devices can place that many).",
+            when=lambda c: c.devices_per_node > MAX_DEVICES_PER_NODE,
+            then=_refuse_per_node_limit,
+            refuses="invalid-devices",
+        ),
+        Rule(
+            id="devices/world-size-beyond-limit",
+            doc=f"devices x num_nodes above {MAX_WORLD_SIZE}, or more than {MAX_NUM_NODES} "
+            "nodes from a strategy instance.",
+            when=_world_beyond_limit,
+            then=_refuse_world_limit,
+            refuses="invalid-num-nodes",
+        ),
+        Rule(
+            id="devices/within-limits",
+            doc="Otherwise.",
+            when=always,
+            then=lambda c: f"world size {c.world_size} is within the bound of "
+            f"{MAX_WORLD_SIZE}",
+        ),
+    ),
+)
+
 DEVICES_STAGE = Stage(
     name="devices",
-    doc="Place the processes of one node on devices.",
-    decisions=(DEVICES_CHOICE,),
+    doc="Place the processes of one node on devices, within the bounds on the geometry.",
+    decisions=(DEVICES_CHOICE, DEVICES_LIMITS),
 )
 
 # --------------------------------------------------------------------------- cluster
@@ -431,6 +514,96 @@ def _xla_cluster(ctx: Context) -> str:
     return "the xla accelerator runs under the XLA runtime's environment"
 
 
+# ----- the switch that turns detection off
+
+
+def _detection_value(ctx: Context) -> str:
+    return ctx.machine.environ.get(DETECTION_VARIABLE, "on").strip().lower() or "on"
+
+
+def _refuse_detection_value(ctx: Context) -> str:
+    raw = ctx.machine.environ.get(DETECTION_VARIABLE, "")
+    refuse(
+        "invalid-environment",
+        flag="environment",
+        value=f"{DETECTION_VARIABLE}={raw}",
+        reason=f"{DETECTION_VARIABLE} turns cluster detection on or off, and {raw!r} is "
+        "neither.",
+        choices=DETECTION_VALUES,
+    )
+
+
+def _detected_rows(ctx: Context) -> tuple[str, ...]:
+    env = ctx.machine.environ
+    return tuple(r.name for r in CLUSTERS if r.detect is not None and r.detect(env))
+
+
+def _detection_off(ctx: Context) -> str:
+    _use_cluster(ctx, CLUSTER_ROWS["local"])
+    ignored = _detected_rows(ctx)
+    what = (f"the variables of {', '.join(ignored)} are ignored" if ignored
+            else "no cluster variables are read")
+    ctx.note(f"cluster detection is off ({DETECTION_VARIABLE}=off): {what}, and interlock's "
+             "launcher starts the processes")
+    return f"{DETECTION_VARIABLE}=off"
+
+
+# ----- launchers inside a SLURM job
+
+
+def cluster_detect(row: ClusterRow, ctx: Context) -> bool:
+    """Whether ``row``'s detector holds on the context's machine."""
+    return row.detect is not None and row.detect(ctx.machine.environ)
+
+
+def _slurm_job(ctx: Context) -> str:
+    env = ctx.machine.environ
+    job = env.get("SLURM_JOB_ID")
+    return f"SLURM job {job}" if job else "a SLURM job"
+
+
+def _torchelastic_in_slurm(ctx: Context) -> str:
+    row = CLUSTER_ROWS["torchelastic"]
+    _use_cluster(ctx, row)
+    ctx.note(
+        f"torchrun started this process inside {_slurm_job(ctx)}: ranks and geometry come "
+        "from torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE), and the SLURM variables, "
+        "which describe the tasks srun or sbatch started (torchrun's agents), are ignored"
+    )
+    return f"{row.description} inside a SLURM job: {row.detect_doc}"
+
+
+def _slurm_tasks(ctx: Context) -> str | None:
+    """The number of tasks of this SLURM job step, as written (the step's own count first)."""
+    env = ctx.machine.environ
+    for name in CLUSTER_ROWS["slurm"].world_size_vars:
+        if name in env:
+            return env[name].strip()
+    return None
+
+
+def _external_in_slurm_step(ctx: Context) -> bool:
+    env = ctx.machine.environ
+    return (
+        slurm_step(env)
+        and external_launcher_detect(env)
+        and env["WORLD_SIZE"].strip() != _slurm_tasks(ctx)
+    )
+
+
+def _external_in_slurm(ctx: Context) -> str:
+    env = ctx.machine.environ
+    row = CLUSTER_ROWS["external"]
+    _use_cluster(ctx, row)
+    ctx.note(
+        f"srun started {_slurm_tasks(ctx) or 'its'} task(s) in {_slurm_job(ctx)}, but "
+        f"WORLD_SIZE={env['WORLD_SIZE'].strip()}: a launcher inside the srun task started "
+        "this process, so its variables (RANK, LOCAL_RANK, WORLD_SIZE) are used and the "
+        "SLURM variables are ignored"
+    )
+    return f"{row.description}, inside a SLURM job step: {row.detect_doc}"
+
+
 def _slurm_local(why: str) -> Action:
     def then(ctx: Context) -> str:
         _use_cluster(ctx, CLUSTER_ROWS["local"])
@@ -441,22 +614,52 @@ def _slurm_local(why: str) -> Action:
 
 
 def _slurm_single_task(ctx: Context) -> bool:
-    env = ctx.machine.environ
     return (
-        "SLURM_NTASKS" in env
-        and env["SLURM_NTASKS"].strip() == "1"
+        slurm_step(ctx.machine.environ)
+        and _slurm_tasks(ctx) == "1"
         and ctx.num_nodes == 1
         and ctx.devices_per_node > 1
     )
+
+
+def _slurm_without_step(ctx: Context) -> str:
+    _use_cluster(ctx, CLUSTER_ROWS["local"])
+    env = ctx.machine.environ
+    where = ("a batch script" if "SLURM_PROCID" in env
+             else "an allocation's shell (salloc)")
+    ctx.note(
+        f"{_slurm_job(ctx)} without a job step (SLURM_STEP_ID is not set): this process "
+        f"was started by {where}, not by srun, so SLURM started none of the other "
+        "processes; interlock's launcher starts them on this node"
+    )
+    return f"{_slurm_job(ctx)}, but srun did not start this process"
+
+
+def _external_note(ctx: Context) -> str:
+    env = ctx.machine.environ
+    return (
+        f"RANK={env['RANK']}, LOCAL_RANK={env['LOCAL_RANK']} and WORLD_SIZE={env['WORLD_SIZE']} "
+        "were exported by a launcher other than interlock's (the deepspeed command, an "
+        "in-house launcher): it started the processes, so interlock starts none and this "
+        f"process joins their world; if these variables mean something else here, set "
+        f"{DETECTION_VARIABLE}=off"
+    )
+
+
+#: Detected clusters whose choice the plan explains in a note.
+_DETECTION_NOTES: dict[str, Callable[[Context], str]] = {"external": _external_note}
 
 
 def _detect_rule(row: ClusterRow) -> Rule:
     detect = row.detect
     if detect is None:
         raise RuntimeError(f"internal error: cluster row {row.name!r} has no detector")
+    note = _DETECTION_NOTES.get(row.name)
 
     def then(ctx: Context) -> str:
         _use_cluster(ctx, row)
+        if note is not None:
+            ctx.note(note(ctx))
         return f"{row.description}: {row.detect_doc}"
 
     return Rule(
@@ -472,9 +675,14 @@ def _local(ctx: Context) -> str:
     return "no cluster environment detected"
 
 
+def _interactive_name(ctx: Context) -> bool:
+    return ctx.machine.environ.get("SLURM_JOB_NAME") in SLURM_INTERACTIVE_JOB_NAMES
+
+
 CLUSTER_CHOICE = Decision(
     id="cluster/detect",
-    doc="Choose the cluster environment: a plugin wins, then the detectors in table order.",
+    doc="Choose the cluster environment: a plugin wins, then the detectors in table order. "
+    "A launcher that started this process wins over the allocation around it.",
     rules=(
         Rule(
             id="cluster/plugin",
@@ -483,47 +691,102 @@ CLUSTER_CHOICE = Decision(
             then=_from_plugin,
         ),
         Rule(
+            id="cluster/detection-invalid",
+            doc=f"{DETECTION_VARIABLE} is set to something other than 'on' or 'off'.",
+            when=lambda c: _detection_value(c) not in DETECTION_VALUES,
+            then=_refuse_detection_value,
+            refuses="invalid-environment",
+        ),
+        Rule(
             id="cluster/xla",
             doc="The xla accelerator runs under the XLA environment.",
             when=lambda c: c.accelerator == "xla",
             then=_xla_cluster,
         ),
+        Rule(
+            id="cluster/detection-off",
+            doc=f"{DETECTION_VARIABLE}=off: every cluster variable is ignored and interlock's "
+            "launcher starts the processes (noted, with the clusters it ignored).",
+            when=lambda c: _detection_value(c) == "off",
+            then=_detection_off,
+        ),
+        Rule(
+            id="cluster/torchelastic-in-slurm",
+            doc="torchrun inside a SLURM job: torchelastic, and the SLURM variables are "
+            "ignored (noted).",
+            when=lambda c: cluster_detect(CLUSTER_ROWS["torchelastic"], c)
+            and slurm_allocation(c.machine.environ),
+            then=_torchelastic_in_slurm,
+        ),
         _detect_rule(CLUSTER_ROWS["torchelastic"]),
         Rule(
-            id="cluster/slurm-interactive",
-            doc="A SLURM allocation whose job name is 'bash' or 'interactive' (salloc) is "
-            "treated as local (noted).",
-            when=lambda c: "SLURM_NTASKS" in c.machine.environ
-            and c.machine.environ.get("SLURM_JOB_NAME") in SLURM_INTERACTIVE_JOB_NAMES,
-            then=_slurm_local("interactive SLURM allocation"),
+            id="cluster/external-in-slurm",
+            doc="Inside an srun task, RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and "
+            "MASTER_PORT describe another world than srun's tasks: the launcher in the task "
+            "started this process, so the external environment is used (noted).",
+            when=_external_in_slurm_step,
+            then=_external_in_slurm,
         ),
         Rule(
             id="cluster/slurm-single-task",
-            doc="A one-task SLURM job asked for several devices on one node is treated as "
+            doc="A one-task srun step asked for several devices on one node is treated as "
             "local: interlock's launcher starts the processes (noted).",
             when=_slurm_single_task,
-            then=_slurm_local("SLURM job with a single task"),
+            then=_slurm_local("SLURM job step with a single task"),
         ),
         *(_detect_rule(row) for row in CLUSTERS if row.detect is not None
           and row.name != "torchelastic"),
+        Rule(
+            id="cluster/slurm-interactive",
+            doc="An interactive SLURM allocation (salloc; job name 'bash' or 'interactive') "
+            "whose process srun did not start is treated as local (noted).",
+            when=lambda c: slurm_allocation(c.machine.environ) and _interactive_name(c),
+            then=_slurm_local("interactive SLURM allocation without an srun step"),
+        ),
+        Rule(
+            id="cluster/slurm-without-step",
+            doc="A SLURM allocation whose process srun did not start (a batch script or "
+            "salloc's shell running python directly, no SLURM_STEP_ID) is treated as local "
+            "(noted).",
+            when=lambda c: slurm_allocation(c.machine.environ),
+            then=_slurm_without_step,
+        ),
         Rule(id="cluster/local", doc="Nothing else matched.", when=always, then=_local),
     ),
 )
 
 
+def _counts(raw: str) -> int:
+    """A process count as SLURM and the launchers write it: ``"4"``, or SLURM's per-node
+    list ``"2(x3)"`` / ``"2(x2),2"`` when every node has the same count."""
+    counts: set[str] = set()
+    for item in raw.strip().split(","):
+        head, paren, repeat = item.strip().partition("(")
+        if paren and not (repeat.startswith("x") and repeat.endswith(")")
+                          and repeat[1:-1].isascii() and repeat[1:-1].isdigit()):
+            raise ValueError(raw)
+        if not (head.isascii() and head.isdigit()):
+            raise ValueError(raw)
+        counts.add(head)
+    if len(counts) != 1:
+        raise ValueError(raw)  # nodes with different counts: a heterogeneous layout
+    return int(counts.pop())
+
+
 def _read(ctx: Context, names: tuple[str, ...]) -> tuple[str, int] | None:
     """The first of ``names`` that is set, with its value; None when none is set.
 
-    SLURM writes per-node counts like "2(x3)"; the leading number is the count.
+    Raises:
+        ValueError: the value (named by the exception's message) is not a count.
     """
     for name in names:
         raw = ctx.machine.environ.get(name)
         if raw is None:
             continue
-        head = raw.strip().split("(", 1)[0]
-        if not (head.isascii() and head.isdigit()):
-            raise ValueError(name)
-        return name, int(head)
+        try:
+            return name, _counts(raw)
+        except ValueError:
+            raise ValueError(name) from None
     return None
 
 
@@ -531,7 +794,8 @@ def _bad_variable(ctx: Context) -> str | None:
     row = ctx.cluster_row
     if row is None or not ctx.cluster_external:
         return None
-    for names in (row.world_size_vars, row.local_size_vars, row.nodes_vars):
+    for names in (row.world_size_vars, row.local_size_vars, row.nodes_vars,
+                  row.local_rank_vars):
         try:
             _read(ctx, names)
         except ValueError as exc:
@@ -554,13 +818,33 @@ def _external_row(ctx: Context) -> ClusterRow | None:
     return ctx.cluster_row if ctx.cluster_external else None
 
 
+def _per_node(ctx: Context, row: ClusterRow) -> tuple[str, int] | None:
+    """The processes per node the cluster started, and where that number comes from.
+
+    A per-node figure larger than the processes started allows (SLURM_NTASKS_PER_NODE=2
+    with SLURM_NTASKS=1: a partly filled allocation) counts slots, not processes; then
+    the total over the nodes is what was started, and no device is made up.
+    """
+    found = _read(ctx, row.local_size_vars)
+    if found is None:
+        return ("one process per node", 1) if row.one_process_per_node else None
+    world = _read(ctx, row.world_size_vars)
+    nodes_found = _read(ctx, row.nodes_vars)
+    nodes = nodes_found[1] if nodes_found is not None else ctx.num_nodes
+    if world is None or nodes < 1 or found[1] * nodes <= world[1]:
+        return found
+    if world[1] % nodes:
+        return None  # uneven: the total process count is refused instead
+    per_node = world[1] // nodes
+    return (f"{world[0]}={world[1]} over {nodes} node{'s' if nodes != 1 else ''}; "
+            f"{found[0]}={found[1]} counts slots, not processes started", per_node)
+
+
 def _per_node_mismatch(ctx: Context) -> tuple[str, int] | None:
     row = _external_row(ctx)
     if row is None:
         return None
-    found = _read(ctx, row.local_size_vars)
-    if found is None and row.one_process_per_node:
-        found = ("one process per node", 1)
+    found = _per_node(ctx, row)
     return found if found is not None and found[1] != ctx.devices_per_node else None
 
 
@@ -616,6 +900,27 @@ def _refuse_world(ctx: Context) -> str:
     )
 
 
+def _local_rank_beyond(ctx: Context) -> tuple[str, int] | None:
+    row = _external_row(ctx)
+    found = _read(ctx, row.local_rank_vars) if row is not None else None
+    return found if found is not None and found[1] >= ctx.devices_per_node else None
+
+
+def _refuse_local_rank(ctx: Context) -> str:
+    name, value = _local_rank_beyond(ctx) or ("", 0)
+    n = ctx.devices_per_node
+    refuse(
+        "cluster-mismatch",
+        flag="devices",
+        value=ctx.devices_flag,
+        reason=f"{ctx.cluster} gave this process local rank {value} ({name}={value}) but "
+        f"devices={ctx.devices_flag!r} places {n} process{'es' if n != 1 else ''} per node "
+        f"(local ranks 0..{n - 1}), so there is no device for it: the launcher started at "
+        f"least {value + 1} processes on this node. Set devices to the processes per node "
+        "and num_nodes to the nodes, as the launcher was told.",
+    )
+
+
 def _consistent(ctx: Context) -> str:
     if not ctx.cluster_external:
         return f"{ctx.cluster}: the processes will be created by interlock"
@@ -629,32 +934,46 @@ CLUSTER_CHECK = Decision(
     rules=(
         Rule(
             id="cluster/unreadable-variable",
-            doc="A count variable of the detected cluster is not a number.",
+            doc="A count or local-rank variable of the detected cluster is not a number "
+            "(or lists nodes with different counts).",
             when=lambda c: _bad_variable(c) is not None,
             then=_refuse_bad_variable,
             refuses="invalid-environment",
         ),
         Rule(
             id="cluster/processes-per-node-mismatch",
-            doc="The per-node process count (LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE, "
-            "OMPI_COMM_WORLD_LOCAL_SIZE; Kubeflow: 1) differs from the devices per node.",
+            doc="The per-node process count (LOCAL_WORLD_SIZE, SLURM_STEP_TASKS_PER_NODE or "
+            "SLURM_NTASKS_PER_NODE, OMPI_COMM_WORLD_LOCAL_SIZE; Kubeflow: 1) differs from the "
+            "devices per node. A per-node count above what the total allows counts slots: "
+            "the total over the nodes is used instead.",
             when=lambda c: _per_node_mismatch(c) is not None,
             then=_refuse_per_node,
             refuses="cluster-mismatch",
         ),
         Rule(
             id="cluster/nodes-mismatch",
-            doc="The node count (GROUP_WORLD_SIZE, SLURM_NNODES) differs from num_nodes.",
+            doc="The node count (GROUP_WORLD_SIZE, SLURM_STEP_NUM_NODES or SLURM_NNODES) "
+            "differs from num_nodes.",
             when=lambda c: _nodes_mismatch(c) is not None,
             then=_refuse_nodes,
             refuses="cluster-mismatch",
         ),
         Rule(
             id="cluster/world-size-mismatch",
-            doc="The total process count (WORLD_SIZE, SLURM_NTASKS, JSM_NAMESPACE_SIZE, "
-            "OMPI_COMM_WORLD_SIZE, PMI_SIZE) differs from devices x num_nodes.",
+            doc="The total process count (WORLD_SIZE, SLURM_STEP_NUM_TASKS or SLURM_NTASKS, "
+            "JSM_NAMESPACE_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE) differs from devices x "
+            "num_nodes.",
             when=lambda c: _world_mismatch(c) is not None,
             then=_refuse_world,
+            refuses="cluster-mismatch",
+        ),
+        Rule(
+            id="cluster/local-rank-out-of-range",
+            doc="This process's local rank (LOCAL_RANK, SLURM_LOCALID, "
+            "JSM_NAMESPACE_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK) is not below the devices "
+            "per node: there is no device for it.",
+            when=lambda c: _local_rank_beyond(c) is not None,
+            then=_refuse_local_rank,
             refuses="cluster-mismatch",
         ),
         Rule(id="cluster/consistent", doc="Otherwise.", when=always, then=_consistent),

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeAlias
 
 from interlock.connector.errors import ResolutionError, did_you_mean
 from interlock.connector.flag_rules import FLAGS_STAGE, plugin_kind
+from interlock.connector.limits import MAX_DEVICES_PER_NODE
 from interlock.connector.machine import Machine
 from interlock.connector.machine_rules import ACCELERATOR_STAGE, CLUSTER_STAGE, DEVICES_STAGE
 from interlock.connector.registry import (
@@ -270,11 +271,26 @@ def resolve(
     plugins: object = None,
     machine: Machine | None = None,
 ) -> Strategy:
-    """``plan(...).build()``: a validated, wired strategy, or a `ResolutionError`."""
+    """``plan(...).build()``: a validated, wired strategy, or a `ResolutionError`.
+
+    Raises:
+        TypeError: ``machine`` is neither an `interlock.Machine` nor None.
+    """
+    check_machine("resolve", machine)
     return plan(
         accelerator=accelerator, devices=devices, strategy=strategy, precision=precision,
         num_nodes=num_nodes, plugins=plugins, machine=machine,
     ).build()
+
+
+def check_machine(function: str, machine: object) -> None:
+    """Refuse a ``machine`` argument that is not a `Machine` (a profile name, a dict)."""
+    if machine is not None and not isinstance(machine, Machine):
+        raise TypeError(
+            f"{function}(): `machine` must be an interlock.Machine or None, got "
+            f"{type(machine).__name__}; build one with interlock.Machine(cuda_devices=...) "
+            "or pass None to probe this machine"
+        )
 
 
 #: Plans already made, by type-exact flags, machine and registry version. plan() is
@@ -297,9 +313,11 @@ def _exact(value: object) -> object:
     the key. Returns None for values that are not memoised.
     """
     kind = type(value)
-    if kind is str or kind is int:
+    if kind is int or (kind is str and len(value) <= 1024):  # type: ignore[arg-type]
         return (kind, value)
-    if isinstance(value, (list, tuple)) and kind in (list, tuple):
+    # a list longer than any node's devices is refused; it is not worth hashing
+    if (isinstance(value, (list, tuple)) and kind in (list, tuple)
+            and len(value) <= MAX_DEVICES_PER_NODE):
         items = tuple(value)
         if all(type(v) is int for v in items):
             return (kind, items)
@@ -323,11 +341,14 @@ def plan(
     Args:
         accelerator: "auto", "cpu", "cuda", "gpu", "mps", "tpu" or "xla", or an
             Accelerator instance.
-        devices: "auto", a count, -1 for all, "0,1"-style ids, or a list of ids.
+        devices: "auto", a count, -1 for all, "0,1"-style ids, or a list of ids; at
+            most ``MAX_DEVICES_PER_NODE`` (4,096) per node, from
+            `interlock.connector.limits`.
         strategy: a registered strategy name, "auto", or a Strategy instance (whose
             own parts must not also be set by flags).
         precision: a canonical precision or a legacy alias (16, "bf16", 32, 64).
-        num_nodes: number of nodes, an int >= 1.
+        num_nodes: number of nodes, an int from 1 to ``MAX_NUM_NODES`` (262,144), with
+            devices x num_nodes at most ``MAX_WORLD_SIZE`` (8,388,608).
         plugins: a plugin object or a sequence of them (precision, checkpoint IO,
             cluster environment).
         machine: the machine to plan for; None probes this one.
@@ -335,7 +356,10 @@ def plan(
     Raises:
         ResolutionError: the combination cannot work; the error says why and what
             would.
+        TypeError: ``machine`` is neither an `interlock.Machine` nor None (a
+            programming error rather than a flag, so not a `ResolutionError`).
     """
+    check_machine("plan", machine)
     if machine is None:
         machine = Machine.probe()
     specs = strategy_specs()

@@ -145,8 +145,54 @@ def _refuse_devices(ctx: Context) -> str:
         reason=f"{spec.name!r} runs on at most {spec.max_devices} device per node, and "
         f"devices={ctx.devices_flag!r} places {ctx.devices_per_node}; use a multi-device "
         "strategy such as 'ddp' for more.",
-        choices=tuple(str(i) for i in range(1, (spec.max_devices or 1) + 1)),
+        choices=tuple(str(i) for i in range(1, min(spec.max_devices or 1, 16) + 1)),
     )
+
+
+def _auto_devices_over_limit(ctx: Context) -> bool:
+    """devices='auto' placed more devices than the chosen row allows, and interlock
+    (not a cluster's launcher) decides how many processes there are."""
+    return (ctx.devices.kind == "auto" and _too_many_devices(ctx)
+            and not ctx.cluster_external)
+
+
+def _fit_auto_devices(ctx: Context) -> str:
+    spec = ctx.chosen_spec
+    limit = spec.max_devices or 1
+    placed = len(ctx.parallel_devices)
+    ctx.parallel_devices = ctx.parallel_devices[:limit]
+    used = ", ".join(ctx.parallel_devices)
+    ctx.note(
+        f"devices='auto' uses {used} of the {placed} {ctx.accelerator} devices: "
+        f"{spec.name!r} runs on at most {limit} device{'s' if limit != 1 else ''} per "
+        "node; pass devices=-1 with a multi-device strategy such as 'ddp' to use them all"
+    )
+    return f"devices='auto' placed {placed}; {spec.name!r} takes at most {limit}: {used}"
+
+
+STRATEGY_DEVICES = Decision(
+    id="strategy/auto-devices",
+    doc="devices='auto' adapts to a strategy that runs on fewer devices than the machine "
+    "has; a devices value the user wrote is never changed.",
+    rules=(
+        Rule(
+            id="strategy/auto-devices-capped",
+            doc="devices='auto' placed more devices than the row's max_devices "
+            "(single_device on a multi-GPU host, single_xla on a TPU host): the first "
+            "max_devices of them are used, and the notes say so. Not under a cluster "
+            "that created the processes itself: those processes exist already.",
+            when=_auto_devices_over_limit,
+            then=_fit_auto_devices,
+        ),
+        Rule(
+            id="strategy/devices-as-placed",
+            doc="Otherwise the devices stay as the devices stage placed them.",
+            when=always,
+            then=lambda c: f"{c.devices_per_node} device"
+            f"{'s' if c.devices_per_node != 1 else ''} per node as placed",
+        ),
+    ),
+)
 
 
 def _refuse_multi_node(ctx: Context) -> str:
@@ -337,7 +383,7 @@ LAUNCHER_CHOICE = Decision(
 STRATEGY_STAGE = Stage(
     name="strategy",
     doc="Choose the strategy, check its row against the machine, choose the launcher.",
-    decisions=(STRATEGY_CHOICE, STRATEGY_CHECK, LAUNCHER_CHOICE),
+    decisions=(STRATEGY_CHOICE, STRATEGY_DEVICES, STRATEGY_CHECK, LAUNCHER_CHOICE),
 )
 
 # --------------------------------------------------------------------------- precision

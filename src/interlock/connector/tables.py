@@ -238,9 +238,37 @@ LAUNCHER_ROWS: Mapping[str, LauncherRow] = MappingProxyType({r.name: r for r in 
 
 # --------------------------------------------------------------------------- clusters
 
+#: Exported by interlock's own launchers to the processes they start ("host:port" of the
+#: rendezvous store); a process that has it was started by interlock, not by someone else.
+RENDEZVOUS_VARIABLE = "INTERLOCK_RENDEZVOUS"
+
+#: "off" turns cluster detection off: every cluster variable is ignored and interlock's
+#: own launcher starts the processes ("on", the default, detects).
+DETECTION_VARIABLE = "INTERLOCK_CLUSTER_DETECTION"
+DETECTION_VALUES: tuple[str, ...] = ("on", "off")
+
+#: Variables srun exports to the tasks of a job step (and only there): their presence
+#: means srun started this process. salloc's shell and a batch script have none.
+SLURM_STEP_VARIABLES: tuple[str, ...] = ("SLURM_STEP_ID", "SLURM_STEPID")
+
+#: What a generic launcher exports to each process it starts (torch's env:// names).
+EXTERNAL_LAUNCHER_VARIABLES: tuple[str, ...] = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+)
+
+
+def slurm_step(env: Mapping[str, str]) -> bool:
+    """Whether srun started this process (a SLURM job step)."""
+    return any(name in env for name in SLURM_STEP_VARIABLES)
+
+
+def slurm_allocation(env: Mapping[str, str]) -> bool:
+    """Whether this process runs inside a SLURM allocation (salloc, sbatch or srun)."""
+    return "SLURM_JOB_ID" in env or "SLURM_NTASKS" in env
+
 
 def _slurm_detect(env: Mapping[str, str]) -> bool:
-    return "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive")
+    return "SLURM_NTASKS" in env and slurm_step(env)
 
 
 def _mpi_detect(env: Mapping[str, str]) -> bool:
@@ -249,6 +277,13 @@ def _mpi_detect(env: Mapping[str, str]) -> bool:
         if value.isascii() and value.isdigit() and int(value) > 1:
             return True
     return False
+
+
+def external_launcher_detect(env: Mapping[str, str]) -> bool:
+    """torch's standard variables, exported by a launcher other than interlock's."""
+    return all(name in env for name in EXTERNAL_LAUNCHER_VARIABLES) and (
+        RENDEZVOUS_VARIABLE not in env
+    )
 
 
 def _all_of(*names: str) -> Callable[[Mapping[str, str]], bool]:
@@ -271,6 +306,7 @@ class ClusterRow:
         world_size_vars: variables holding the total process count (first present wins).
         local_size_vars: variables holding the processes per node.
         nodes_vars: variables holding the number of nodes.
+        local_rank_vars: variables holding this process's rank on its node.
         one_process_per_node: the cluster always starts one process per node.
         description: one line for the docs.
     """
@@ -283,6 +319,7 @@ class ClusterRow:
     world_size_vars: tuple[str, ...] = ()
     local_size_vars: tuple[str, ...] = ()
     nodes_vars: tuple[str, ...] = ()
+    local_rank_vars: tuple[str, ...] = ()
     one_process_per_node: bool = False
     description: str
 
@@ -298,20 +335,25 @@ CLUSTERS: tuple[ClusterRow, ...] = (
             "RANK", "LOCAL_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
         ),
         world_size_vars=("WORLD_SIZE",), local_size_vars=("LOCAL_WORLD_SIZE",),
-        nodes_vars=("GROUP_WORLD_SIZE",),
+        nodes_vars=("GROUP_WORLD_SIZE",), local_rank_vars=("LOCAL_RANK",),
         description="torchrun / TorchElastic",
     ),
     ClusterRow(
         name="slurm", detect=_slurm_detect,
-        detect_doc="SLURM_NTASKS is set and SLURM_JOB_NAME is not 'bash' or 'interactive'",
+        detect_doc="SLURM_NTASKS is set and srun started the process (SLURM_STEP_ID or "
+        "SLURM_STEPID is set)",
         external=True,
         variables=(
             "SLURM_NTASKS", "SLURM_JOB_NAME", "SLURM_NTASKS_PER_NODE", "SLURM_NNODES",
             "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_JOB_ID",
-            "SLURM_NODELIST",
+            "SLURM_NODELIST", *SLURM_STEP_VARIABLES, "SLURM_STEP_NUM_TASKS",
+            "SLURM_STEP_TASKS_PER_NODE", "SLURM_STEP_NUM_NODES",
         ),
-        world_size_vars=("SLURM_NTASKS",), local_size_vars=("SLURM_NTASKS_PER_NODE",),
-        nodes_vars=("SLURM_NNODES",),
+        # the step's own counts first: srun may run fewer tasks than the allocation has
+        world_size_vars=("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
+        local_size_vars=("SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"),
+        nodes_vars=("SLURM_STEP_NUM_NODES", "SLURM_NNODES"),
+        local_rank_vars=("SLURM_LOCALID",),
         description="SLURM job step started with srun",
     ),
     ClusterRow(
@@ -335,7 +377,7 @@ CLUSTERS: tuple[ClusterRow, ...] = (
             "LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_LOCAL_RANK",
             "JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_RANK",
         ),
-        world_size_vars=("JSM_NAMESPACE_SIZE",),
+        world_size_vars=("JSM_NAMESPACE_SIZE",), local_rank_vars=("JSM_NAMESPACE_LOCAL_RANK",),
         description="IBM Spectrum LSF job started with jsrun",
     ),
     ClusterRow(
@@ -349,7 +391,22 @@ CLUSTERS: tuple[ClusterRow, ...] = (
         ),
         world_size_vars=("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"),
         local_size_vars=("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"),
+        local_rank_vars=("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"),
         description="mpirun / mpiexec (Open MPI or a PMI-based MPI); mpi4py not needed",
+    ),
+    ClusterRow(
+        name="external", detect=external_launcher_detect,
+        detect_doc="RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are set and "
+        f"{RENDEZVOUS_VARIABLE} is not",
+        external=True,
+        variables=(
+            *EXTERNAL_LAUNCHER_VARIABLES, "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "GROUP_RANK",
+            "NODE_RANK", "CROSS_RANK", "GROUP_WORLD_SIZE", "CROSS_SIZE", RENDEZVOUS_VARIABLE,
+        ),
+        world_size_vars=("WORLD_SIZE",), local_size_vars=("LOCAL_WORLD_SIZE", "LOCAL_SIZE"),
+        nodes_vars=("GROUP_WORLD_SIZE", "CROSS_SIZE"), local_rank_vars=("LOCAL_RANK",),
+        description="another launcher exporting torch's standard variables (the deepspeed "
+        "command, in-house launchers)",
     ),
     ClusterRow(
         name="xla", detect=None, detect_doc="the accelerator is xla", external=False,
@@ -369,7 +426,7 @@ SLURM_INTERACTIVE_JOB_NAMES: tuple[str, ...] = ("bash", "interactive")
 
 #: Every environment variable the engine reads; Machine.probe() keeps only these.
 ENVIRONMENT_VARIABLES: tuple[str, ...] = tuple(
-    dict.fromkeys(name for row in CLUSTERS for name in row.variables)
+    dict.fromkeys((*(name for row in CLUSTERS for name in row.variables), DETECTION_VARIABLE))
 )
 
 # --------------------------------------------------------------------------- packages

@@ -33,7 +33,10 @@ def _torchrun(nodes: int, per_node: int) -> dict[str, str]:
 
 
 def _slurm(nodes: int, per_node: int) -> dict[str, str]:
-    return {"SLURM_NTASKS": str(nodes * per_node), "SLURM_NTASKS_PER_NODE": str(per_node),
+    # rank 0 of a job step that srun started (SLURM_STEP_ID marks the step; without it
+    # the variables describe only an allocation, and interlock launches by itself)
+    return {"SLURM_STEP_ID": "0", "SLURM_STEPID": "0",
+            "SLURM_NTASKS": str(nodes * per_node), "SLURM_NTASKS_PER_NODE": str(per_node),
             "SLURM_NNODES": str(nodes), "SLURM_JOB_NAME": "train", "SLURM_JOB_ID": "4242",
             "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
             "SLURM_NODELIST": "gpu[01-02]"}

@@ -80,9 +80,17 @@ class ParallelStrategy(Strategy):
         return "subprocess"
 
     def _make_launcher(self) -> Launcher:
+        from interlock.strategies.launchers import history as launch_history
+
         cluster = self.cluster_environment
         name = self._launcher_name()
-        if name == "external" or (name != "subprocess" and cluster.creates_processes_externally):
+        if name in ("subprocess", "external") and launch_history.is_script_child():
+            # a rank the script launcher started by re-running the script, whatever this
+            # copy of the script planned: it runs the launch it was started for, then exits
+            return SubprocessScriptLauncher(num_processes=self.num_processes)
+        if name == "external" or cluster.creates_processes_externally:
+            # someone else started this process (a cluster, another launcher, or one of
+            # interlock's own): whatever launcher the strategy would use, never again
             return ExternalLauncher()
         where: dict[str, Any] = {
             "num_processes": self.num_processes,
@@ -92,7 +100,6 @@ class ParallelStrategy(Strategy):
             "main_port": cluster.main_port,
         }
         if name == "subprocess":
-            # also in the script launcher's own children, which it recognises and serves
             return SubprocessScriptLauncher(**where)
         start_method = LAUNCHER_ROWS[name].start_method
         return MultiProcessingLauncher(start_method=str(start_method), **where)

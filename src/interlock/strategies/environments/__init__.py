@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from interlock.strategies.environments.base import ClusterEnvironment
+from interlock.strategies.environments.external import ExternalLauncherEnvironment
 from interlock.strategies.environments.hostlist import expand_hostlist, first_host
 from interlock.strategies.environments.kubeflow import KubeflowEnvironment
 from interlock.strategies.environments.local import LocalEnvironment
@@ -26,6 +27,7 @@ ENVIRONMENTS: Mapping[str, type[ClusterEnvironment]] = MappingProxyType(
             KubeflowEnvironment,
             LSFEnvironment,
             MPIEnvironment,
+            ExternalLauncherEnvironment,
             XLAEnvironment,
             LocalEnvironment,
         )
@@ -53,6 +55,7 @@ def environment_for(name: str, environ: Mapping[str, str] | None = None) -> Clus
 __all__ = [
     "ENVIRONMENTS",
     "ClusterEnvironment",
+    "ExternalLauncherEnvironment",
     "KubeflowEnvironment",
     "LSFEnvironment",
     "LocalEnvironment",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from interlock.connector.tables import RENDEZVOUS_VARIABLE
 from interlock.strategies.environments._variables import read_int, read_port
 from interlock.strategies.environments.base import ClusterEnvironment
 
@@ -11,12 +12,13 @@ from interlock.strategies.environments.base import ClusterEnvironment
 class LocalEnvironment(ClusterEnvironment):
     """No cluster: one process, or children started by interlock's launchers.
 
-    A child started by interlock's launchers finds its place in ``LOCAL_RANK``,
-    ``NODE_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``; each is optional
-    (defaults 0, 0, 1, ``"127.0.0.1"``). :meth:`set_world_size` and
-    :meth:`set_global_rank` override what the environment says. Without an override the
-    global rank is ``RANK`` when set, else the local rank on node 0; on other nodes it
-    cannot be known from these variables, and asking for it is an error.
+    A child started by interlock's launchers (``INTERLOCK_RENDEZVOUS`` is set) finds its
+    place in ``LOCAL_RANK``, ``NODE_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
+    ``MASTER_PORT``; each is optional (defaults 0, 0, 1, ``"127.0.0.1"``).
+    :meth:`set_world_size` and :meth:`set_global_rank` override what the environment
+    says. Without an override the global rank is ``RANK`` when set, else the local rank
+    on node 0; on other nodes it cannot be known from these variables, and asking for it
+    is an error.
 
     ``main_port`` is ``MASTER_PORT`` when set, else 0: the launcher picks a free port
     and exports it to the processes it starts.
@@ -31,8 +33,9 @@ class LocalEnvironment(ClusterEnvironment):
 
     @property
     def creates_processes_externally(self) -> bool:
-        # LOCAL_RANK is exported only to children of the script launcher.
-        return "LOCAL_RANK" in self.environ
+        # A child of interlock's own launchers: they export LOCAL_RANK together with the
+        # rendezvous address. LOCAL_RANK alone may come from any launcher or scheduler.
+        return "LOCAL_RANK" in self.environ and RENDEZVOUS_VARIABLE in self.environ
 
     @property
     def main_address(self) -> str:

@@ -20,14 +20,16 @@ from interlock.strategies.environments.hostlist import first_host
 class SLURMEnvironment(ExternalEnvironment):
     """Ranks from the variables srun exports to every task.
 
-    ``SLURM_PROCID`` (global rank), ``SLURM_LOCALID``, ``SLURM_NODEID``, ``SLURM_NTASKS``.
+    ``SLURM_PROCID`` (global rank), ``SLURM_LOCALID``, ``SLURM_NODEID``, and the step's
+    ``SLURM_STEP_NUM_TASKS`` (``SLURM_NTASKS`` when that is absent).
     The main address is ``MASTER_ADDR`` when set, else the first host of
     ``SLURM_NODELIST`` (``SLURM_JOB_NODELIST`` when that is absent). The main port is
     ``MASTER_PORT`` when set, else ``15000 + SLURM_JOB_ID % 5000``: every task of the
     job computes the same port without communicating.
 
-    An interactive allocation (job name ``bash`` or ``interactive``) is not detected as
-    SLURM: there, interlock's launcher starts the processes.
+    Detected only where srun started the process (``SLURM_STEP_ID`` is set): in salloc's
+    shell or a batch script that runs python directly, interlock's launcher starts the
+    processes.
     """
 
     name = "slurm"
@@ -61,7 +63,9 @@ class SLURMEnvironment(ExternalEnvironment):
         return cluster_detected(cls.name, os.environ if environ is None else environ)
 
     def world_size(self) -> int:
-        return read_int(self.name, self.environ, "SLURM_NTASKS", minimum=1)
+        # the step's own count: with --preserve-env SLURM_NTASKS keeps the allocation's
+        name = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in self.environ else "SLURM_NTASKS"
+        return read_int(self.name, self.environ, name, minimum=1)
 
     def global_rank(self) -> int:
         return read_int(self.name, self.environ, "SLURM_PROCID")

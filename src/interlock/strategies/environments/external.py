@@ -1,0 +1,71 @@
+"""`ExternalLauncherEnvironment`: processes started by a launcher that is none of the
+named clusters (the ``deepspeed`` command, an in-house launcher) but exports torch's
+standard variables."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from interlock.connector.errors import ResolutionError
+from interlock.connector.parts import cluster_detected
+from interlock.strategies.environments._external import ExternalEnvironment
+from interlock.strategies.environments._variables import read_int, read_port, read_str
+
+#: Variables that name the node's rank, in the order they are looked for (torchrun's,
+#: the common one, deepspeed's).
+NODE_RANK_VARIABLES = ("GROUP_RANK", "NODE_RANK", "CROSS_RANK")
+#: Variables that count the processes on this node (torchrun's, deepspeed's).
+LOCAL_SIZE_VARIABLES = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE")
+
+
+class ExternalLauncherEnvironment(ExternalEnvironment):
+    """Ranks from ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
+    ``MASTER_PORT``, exported to every process by the launcher that started it.
+
+    The node rank is the first of ``GROUP_RANK``, ``NODE_RANK`` and ``CROSS_RANK`` that
+    is set; without one it is ``RANK // LOCAL_WORLD_SIZE`` (or ``LOCAL_SIZE``), ranks
+    being placed node by node. Without that either, a process whose rank equals its
+    local rank is on node 0; elsewhere the node rank cannot be known.
+    """
+
+    name = "external"
+
+    @property
+    def main_address(self) -> str:
+        return read_str(self.name, self.environ, "MASTER_ADDR")
+
+    @property
+    def main_port(self) -> int:
+        return read_port(self.name, self.environ, "MASTER_PORT")
+
+    @classmethod
+    def detect(cls, environ: Mapping[str, str] | None = None) -> bool:
+        return cluster_detected(cls.name, os.environ if environ is None else environ)
+
+    def world_size(self) -> int:
+        return read_int(self.name, self.environ, "WORLD_SIZE", minimum=1)
+
+    def global_rank(self) -> int:
+        return read_int(self.name, self.environ, "RANK")
+
+    def local_rank(self) -> int:
+        return read_int(self.name, self.environ, "LOCAL_RANK")
+
+    def node_rank(self) -> int:
+        for name in NODE_RANK_VARIABLES:
+            if name in self.environ:
+                return read_int(self.name, self.environ, name)
+        for name in LOCAL_SIZE_VARIABLES:
+            if name in self.environ:
+                return self.global_rank() // read_int(self.name, self.environ, name, minimum=1)
+        if self.global_rank() == self.local_rank():
+            return 0
+        raise ResolutionError(
+            "invalid-environment",
+            flag="environment",
+            value="GROUP_RANK (unset)",
+            reason=f"the external environment cannot tell the node of rank "
+            f"{self.global_rank()} (local rank {self.local_rank()}): export GROUP_RANK or "
+            "NODE_RANK (the node's index), or LOCAL_WORLD_SIZE (processes per node).",
+        )
