@@ -128,22 +128,39 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write(text: str, output: str | None) -> None:
-    """To stdout, or atomically to a file (a temporary file renamed into place)."""
+def check_output(option: str, output: str | None) -> None:
+    """Refuse, before any work, an output path where no file can be written.
+
+    Raises:
+        UsageError: naming the option, the path and why.
+    """
+    if output is None:
+        return
+    from interlock.output_files import unwritable_reason
+
+    problem = unwritable_reason(output)
+    if problem is not None:
+        raise UsageError(f"{option} {output!r}: {problem}")
+
+
+def _write(text: str, output: str | None, option: str = "--output") -> None:
+    """To stdout, or to a file whole or not at all (a temporary file renamed into
+    place); ``output`` was checked with :func:`check_output` first."""
     if output is None:
         sys.stdout.write(text)
         return
-    from pathlib import Path
+    from interlock.output_files import write_text
 
-    path = Path(output)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    try:
+        path = write_text(output, text)
+    except OSError as error:  # the disk filled up, or the directory changed since
+        reason = error.strerror or str(error)
+        raise UsageError(f"{option} {output!r}: cannot be written: {reason}") from None
     print(f"wrote {path}", file=sys.stderr)
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
+    check_output("--output", args.output)  # before the (long) evaluation, not after
     from interlock.matrix import PROFILES, evaluate, profile_named
 
     if args.profiles:
@@ -192,12 +209,21 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_env(args: argparse.Namespace) -> int:
+    from interlock.envreport import env_report
+
+    print(env_report(), end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="interlock",
         description="Resolve training flags into a validated distributed setup.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    # not required=True: argparse would then say "arguments are required: command"
+    # for `interlock --bogus` instead of naming the option (main() checks both)
+    sub = parser.add_subparsers(dest="command")
     p = sub.add_parser("plan", help="resolve flags into a plan and explain it")
     p.add_argument("--accelerator", default="auto")
     p.add_argument("--devices", default="auto")
@@ -247,6 +273,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the temporary directory with the drivers' logs")
     c.add_argument("pytest_args", nargs="*", help=argparse.SUPPRESS)
     c.set_defaults(func=cmd_conformance)
+
+    e = sub.add_parser("env", help="versions, machine, default plan and cluster variables "
+                       "as Markdown, to paste into a bug report",
+                       description="Print the interlock, torch, Python and optional "
+                       "package versions, what this machine has, the plan of the default "
+                       "flags (or why there is none) and the cluster variables set here, "
+                       "as Markdown; values of variables whose names look secret "
+                       "(TOKEN, KEY, PASSWORD, ...) are left out.")
+    e.set_defaults(func=cmd_env)
     return parser
 
 
@@ -312,7 +347,12 @@ def cmd_conformance(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named first: `interlock --bogus` is about --bogus, not the command
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.command is None:
+        parser.error(f"the following arguments are required: command (one of "
+                     f"{', '.join(COMMANDS)})")
     try:
         code: int = args.func(args)
     except (UsageError, RegistrationError) as error:

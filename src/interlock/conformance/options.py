@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,22 +184,9 @@ def _read_ids(option: str, path: str | None) -> tuple[str, ...]:
 def _report(path: str | None) -> Path | None:
     if not path:
         return None
-    target = Path(path)
-    if target.is_dir():
-        raise OptionError(f"--report {path!r}: is a directory; give a file path")
-    parent = target.parent if str(target.parent) else Path(".")
-    existing = next((p for p in (parent, *parent.parents) if p.exists()), Path("."))
-    if not existing.is_dir() or not os.access(existing, os.W_OK) or not _can_create(existing):
-        raise OptionError(f"--report {path!r}: cannot be written ({existing} is not a "
-                          "writable directory)")
-    return target
+    from interlock.output_files import unwritable_reason
 
-
-def _can_create(directory: Path) -> bool:
-    """Whether a file can be made in ``directory`` (root passes ``os.access`` even on
-    /proc); the probe file is removed at once."""
-    try:
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".interlock-probe-"):
-            return True
-    except OSError:
-        return False
+    problem = unwritable_reason(path)
+    if problem is not None:
+        raise OptionError(f"--report {path!r}: {problem}")
+    return Path(path)

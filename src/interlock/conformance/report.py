@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from interlock.output_files import write_text
+
 if TYPE_CHECKING:
     from interlock.conformance.cases import Selection
 
@@ -176,10 +178,7 @@ def write_report(path: Path, records: list[Record], verdict_list: list[Verdict] 
             records, key=lambda r: (r.strategy, r.runner, r.world_size, r.precision, r.check)
         )],
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.tmp")
-    temp.write_text(json.dumps(report, indent=1) + "\n")
-    temp.replace(path)
+    write_text(path, json.dumps(report, indent=1) + "\n")
 
 
 def summary_table(verdict_list: list[Verdict]) -> str:

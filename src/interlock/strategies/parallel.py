@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import os
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 
@@ -33,9 +34,62 @@ if TYPE_CHECKING:
 #: checkpoints, finite so that a rank that never arrives becomes an error, not a hang.
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
 
+#: The methods that need the strategy's process group: each one (and every override a
+#: subclass defines) first checks that the group exists, and refuses with
+#: :class:`NotSetUpError` before any side effect (a checkpoint file, a moved module).
+NEEDS_PROCESS_GROUP: tuple[str, ...] = (
+    "all_reduce", "all_gather", "broadcast", "barrier", "reduce_boolean_decision",
+    "setup_module", "setup_module_and_optimizers", "save_checkpoint",
+)
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+class NotSetUpError(RuntimeError):
+    """A multi-process strategy was asked for something that needs its process group
+    in a process where it has none: before :meth:`~ParallelStrategy.setup_environment`
+    (which :meth:`~interlock.strategies.base.Strategy.launch` calls in every process it
+    starts), or after :meth:`~ParallelStrategy.teardown`."""
+
+
+def _requires_process_group(method: _F) -> _F:
+    """``method`` preceded by the process-group check (applied once per function)."""
+    if getattr(method, "_interlock_needs_group", False):
+        return method
+
+    @functools.wraps(method)
+    def checked(self: ParallelStrategy, *args: Any, **kwargs: Any) -> Any:
+        if not self.collective.is_initialized:
+            raise NotSetUpError(_not_set_up_message(self, method.__name__))
+        return method(self, *args, **kwargs)
+
+    checked._interlock_needs_group = True  # type: ignore[attr-defined]
+    return cast(_F, checked)
+
+
+def _not_set_up_message(strategy: ParallelStrategy, method: str) -> str:
+    return (
+        f"{type(strategy).__name__}.{method}() needs the process group that the strategy "
+        "creates in each of its processes, and this process has none. Call it inside "
+        "the function given to strategy.launch(fn), which starts the processes and runs "
+        "fn(strategy, ...) in each of them; in processes that a launcher started "
+        "(torchrun, srun, mpirun), call strategy.setup_environment() first."
+    )
+
 
 class ParallelStrategy(Strategy):
-    """The rank bookkeeping and process-group setup every multi-process strategy shares."""
+    """The rank bookkeeping and process-group setup every multi-process strategy shares.
+
+    The methods named in :data:`NEEDS_PROCESS_GROUP` raise :class:`NotSetUpError`
+    where the strategy has no process group (before launch, or after teardown), in
+    subclasses that override them too.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in NEEDS_PROCESS_GROUP:
+            if name in cls.__dict__:
+                setattr(cls, name, _requires_process_group(cls.__dict__[name]))
 
     def __init__(
         self,
@@ -198,3 +252,11 @@ class ParallelStrategy(Strategy):
         if self._cluster is not None:
             self._cluster.teardown()
         super().teardown()
+
+
+# The methods ParallelStrategy inherits from Strategy get the check here; those a
+# subclass defines get it in __init_subclass__.
+for _name in NEEDS_PROCESS_GROUP:
+    if _name not in ParallelStrategy.__dict__:
+        setattr(ParallelStrategy, _name, _requires_process_group(getattr(Strategy, _name)))
+del _name

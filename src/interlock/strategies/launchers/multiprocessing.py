@@ -67,17 +67,27 @@ class MultiProcessingLauncher(Launcher):
         self.main_port = main_port
 
     def launch(self, entry: WorkerEntry, *args: Any, **kwargs: Any) -> Any:
+        # Checked before anything starts: a child forked after CUDA was initialised
+        # fails at its first CUDA call, long after the cause (torch says only "Cannot
+        # re-initialize CUDA in forked subprocess"). The check is torch's public one.
         if self.start_method == "fork" and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             raise LaunchError(
-                "cannot fork worker processes: CUDA was already initialised in this process, "
-                "and a forked child cannot use it. Use strategy='ddp_spawn' (or "
-                "'ddp'), or avoid touching CUDA before launch()."
+                "cannot fork worker processes: CUDA was already initialised in this process "
+                "(torch.cuda.is_initialized() is True), and a forked child cannot use it. "
+                "Create CUDA tensors and move modules to the GPU only inside the function "
+                "given to launch() (in a notebook, restart the kernel first), or use "
+                "strategy='ddp_spawn', which starts fresh processes (its function and "
+                "arguments must pickle; from a script, strategy='ddp' works too)."
             )
         payload = _payload(self.start_method, entry, args, kwargs)
         rendezvous, hosted = choose_rendezvous(self.num_nodes, self.main_address,
                                                self.main_port)
         world_size = self.num_processes * self.num_nodes
         process_context = None
+        # children alive before this launch: a signal that lands inside
+        # mp.start_processes leaves no context, and the workers forked so far are
+        # then told apart from these
+        earlier = set(multiprocessing.active_children())
         errors = tempfile.TemporaryDirectory(prefix="interlock-ranks-")
         try:
             with sigterm_as_exception():
@@ -98,10 +108,10 @@ class MultiProcessingLauncher(Launcher):
                     raise RankFailedError(0, "rank 0 exited without a result")
                 return pickle.loads(result_file.read_bytes())
         except _Terminate:
-            _stop(process_context)
+            _stop(_started(process_context, earlier))
             raise SystemExit(exit_code_for_terminate()) from None
         except BaseException:
-            _stop(process_context)
+            _stop(_started(process_context, earlier))
             raise
         finally:
             errors.cleanup()
@@ -137,11 +147,19 @@ def _settle(context: Any, grace: float) -> None:
         time.sleep(0.05)
 
 
-def _stop(context: Any, grace: float = 5.0) -> None:
+def _started(context: Any, earlier: set[multiprocessing.process.BaseProcess]
+             ) -> list[multiprocessing.process.BaseProcess]:
+    """The workers this launch started: the context's, or, when the launch was
+    interrupted before ``mp.start_processes`` returned one, every child alive now that
+    was not alive before."""
+    if context is not None:
+        return list(context.processes)
+    return [p for p in multiprocessing.active_children() if p not in earlier]
+
+
+def _stop(processes: list[multiprocessing.process.BaseProcess], grace: float = 5.0
+          ) -> None:
     """Terminate every live worker, then kill what is still there after ``grace``."""
-    if context is None:
-        return
-    processes = list(context.processes)
     for p in processes:
         if p.is_alive():
             p.terminate()
