@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -113,6 +114,9 @@ def train(strategy: Strategy, args: argparse.Namespace) -> dict[str, Any]:
             strategy.optimizer_step(optimizer)
             optimizer.zero_grad()
             state["step"] = step + 1
+            if args.ready_file and state["step"] == 1:
+                # for tests: this rank is in the loop, with the preemption guard in place
+                Path(f"{args.ready_file}.rank{strategy.global_rank}").touch()
             every = args.checkpoint_every
             if args.checkpoint and every and state["step"] % every == 0:
                 strategy.save_checkpoint(args.checkpoint, state)
@@ -190,6 +194,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fail-rank", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--hang-at-step", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--hang-rank", type=int, default=-1, help=argparse.SUPPRESS)
+    p.add_argument("--hang-before-setup-rank", type=int, default=-1, help=argparse.SUPPRESS)
+    p.add_argument("--ready-file", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -208,6 +214,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.pg_timeout is not None and isinstance(strategy, ParallelStrategy):
         strategy.timeout = datetime.timedelta(seconds=args.pg_timeout)
+    if args.hang_before_setup_rank >= 0 and "LOCAL_RANK" in os.environ and (
+            os.environ.get("RANK") == str(args.hang_before_setup_rank)):
+        # a test fault: a rank re-run by the script launcher (or torchrun) that never
+        # connects, like one still importing torch on a busy machine
+        print(f"rank {args.hang_before_setup_rank} hangs before setup", file=sys.stderr,
+              flush=True)
+        while True:
+            time.sleep(1.0)
     summary = strategy.launch(train, args)
     if strategy.is_global_zero:
         for note in strategy.plan.notes if strategy.plan else ():

@@ -137,34 +137,117 @@ def test_a_failing_rank_ends_the_job_and_is_named(tmp_path: Path, strategy: str)
     assert wait_until_gone(marker, 5) == [], "processes of the failed job survived it"
 
 
-@pytest.mark.timeout(120)
+#: Seconds a job may take to reach a point on a busy machine (each process imports torch).
+STARTUP_BUDGET_S = 120.0
+#: Seconds within which a signalled job must have exited (about 5 on an idle machine; a
+#: job that misses a signal waits for its process group's timeout instead).
+EXIT_BUDGET_S = 60.0
+
+
+class Job:
+    """examples/train.py started in the background, its stderr in a file."""
+
+    def __init__(self, tmp_path: Path, *args: str) -> None:
+        self.marker = str(tmp_path / "ckpt.pt")  # on every rank's command line
+        self.ready = tmp_path / "ready"
+        self.stderr_path = tmp_path / "stderr.txt"
+        with self.stderr_path.open("w") as stderr:  # a file: a full pipe would block ranks
+            self.proc = subprocess.Popen(
+                [sys.executable, str(SCRIPT), "--devices", "2", "--steps", "100000000",
+                 "--checkpoint", self.marker, "--ready-file", str(self.ready), *args],
+                stdout=subprocess.DEVNULL, stderr=stderr, text=True,
+            )
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def await_(self, what: str, reached: Callable[[], bool]) -> None:
+        """Wait (at most STARTUP_BUDGET_S) until ``reached()``, failing if the job ends."""
+        deadline = time.monotonic() + STARTUP_BUDGET_S
+        while not reached():
+            assert self.proc.poll() is None, (
+                f"the job exited ({self.proc.returncode}) before {what}:\n{self.stderr()[-3000:]}")
+            assert time.monotonic() < deadline, (
+                f"the job did not reach {what} in {STARTUP_BUDGET_S:.0f}s:\n"
+                f"{self.stderr()[-3000:]}")
+            time.sleep(0.1)
+
+    def training(self, ranks: int = 2) -> bool:
+        return all(Path(f"{self.ready}.rank{r}").exists() for r in range(ranks))
+
+    def signal_and_wait(self, signum: signal.Signals) -> int:
+        """Send ``signum`` to the parent alone (not its process group); its exit code."""
+        sent = time.monotonic()
+        self.proc.send_signal(signum)
+        try:
+            code = self.proc.wait(timeout=EXIT_BUDGET_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the parent did not exit within {EXIT_BUDGET_S:.0f}s of "
+                        f"{signum.name}:\n{self.stderr()[-3000:]}")
+        took = time.monotonic() - sent
+        assert code != 0, f"exit code 0 after {signum.name}:\n{self.stderr()[-3000:]}"
+        assert wait_until_gone(self.marker, 30) == [], (
+            f"ranks survived {signum.name} to their parent (which exited in {took:.1f}s)")
+        return code
+
+    def end(self) -> None:
+        """Leave nothing behind, whatever happened."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for pid in processes_mentioning(self.marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+SIGNALS = pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT],
+                                  ids=["SIGTERM", "SIGINT"])
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_fork"])
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@SIGNALS
 def test_a_signal_to_the_parent_reaches_every_rank(
     tmp_path: Path, strategy: str, signum: signal.Signals
 ) -> None:
-    marker = str(tmp_path / "ckpt.pt")
-    proc = subprocess.Popen(
-        [sys.executable, str(SCRIPT), "--strategy", strategy, "--devices", "2", "--steps",
-         "100000000", "--checkpoint", marker],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )
+    job = Job(tmp_path, "--strategy", strategy)
     try:
-        deadline = time.monotonic() + 60
-        while len(processes_mentioning(marker)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert len(processes_mentioning(marker)) >= 2, "the ranks never started"
-        time.sleep(1.0)  # let them reach the training loop
-        proc.send_signal(signum)  # to the parent alone, not its process group
-        code = proc.wait(timeout=30)
-        assert code != 0
-        assert wait_until_gone(marker, 10) == [], f"ranks survived {signum.name} to their parent"
+        job.await_("the training loop on both ranks", job.training)
+        job.signal_and_wait(signum)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in processes_mentioning(marker):
-            os.kill(pid, signal.SIGKILL)
+        job.end()
+
+
+@pytest.mark.timeout(300)
+@SIGNALS
+def test_a_signal_while_a_rank_is_starting_ends_the_job(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    # Rank 1 never connects, as if it were still importing torch: rank 0 waits for it,
+    # and must still act on the signal at once (not after the process group's timeout).
+    job = Job(tmp_path, "--strategy", "ddp", "--hang-before-setup-rank", "1",
+              "--pg-timeout", "600")
+    try:
+        job.await_("rank 1's start", lambda: "rank 1 hangs before setup" in job.stderr())
+        job.signal_and_wait(signum)
+    finally:
+        job.end()
+
+
+@pytest.mark.timeout(300)
+def test_sigint_while_rank_zero_waits_in_a_collective_ends_the_job(tmp_path: Path) -> None:
+    # Rank 0 (the parent) blocks in C++ in a collective that rank 1 never joins, where
+    # Python runs no signal handler; the launcher stops the other ranks to free it.
+    job = Job(tmp_path, "--strategy", "ddp", "--hang-at-step", "3", "--hang-rank", "1",
+              "--pg-timeout", "600")
+    try:
+        job.await_("rank 1's hang", lambda: "rank 1 hangs at step 3" in job.stderr())
+        job.signal_and_wait(signal.SIGINT)
+        assert "RankFailedError" not in job.stderr(), job.stderr()[-3000:]
+    finally:
+        job.end()
 
 
 def test_an_impossible_request_exits_2_without_traceback() -> None:

@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
+from collections.abc import Callable
 
 import torch.distributed as dist
 
 _HOSTED: dict[int, tuple[int, dist.TCPStore]] = {}
+
+#: A counter in the store: how many worker processes have connected to it as clients.
+ARRIVALS_KEY = "interlock/arrivals"
 
 
 def host_store(host: str = "127.0.0.1",
@@ -41,7 +46,38 @@ def connect_store(rendezvous: str, timeout: datetime.timedelta,
     hosted = _HOSTED.get(port)
     if hosted is not None and hosted[0] == os.getpid():
         return hosted[1]
-    return dist.TCPStore(host, port, None, serve, timeout=timeout, wait_for_workers=False)
+    store = dist.TCPStore(host, port, None, serve, timeout=timeout, wait_for_workers=False)
+    if not serve:
+        store.add(ARRIVALS_KEY, 1)  # for await_arrivals in the process hosting it
+    return store
+
+
+def await_arrivals(rendezvous: str, count: int, stop: Callable[[], bool],
+                   poll: float = 0.05) -> bool:
+    """Wait until ``count`` workers have connected to the store this process hosts.
+
+    Creating a process group waits for the peers inside C++, where Python runs no
+    signal handlers: a SIGINT that arrives while the other ranks are still starting
+    (importing torch takes seconds, more on a busy machine) would wait with it. This
+    wait is a Python loop instead, so a signal raises at once, and it ends early when
+    ``stop()`` is true (a worker exited before connecting).
+
+    Returns whether they all arrived: false when ``stop()`` ended the wait, when the
+    store's own timeout passed first, or when this process hosts no store at
+    ``rendezvous``.
+    """
+    _, _, port = rendezvous.rpartition(":")
+    hosted = _HOSTED.get(int(port)) if port.isdigit() else None
+    if hosted is None or hosted[0] != os.getpid():
+        return False
+    store = hosted[1]
+    timeout: datetime.timedelta = store.timeout  # type: ignore[attr-defined]  # not in the stubs
+    deadline = time.monotonic() + timeout.total_seconds()
+    while store.add(ARRIVALS_KEY, 0) < count:
+        if stop() or time.monotonic() >= deadline:
+            return False
+        time.sleep(poll)
+    return True
 
 
 def choose_rendezvous(num_nodes: int, main_address: str, main_port: int) -> tuple[str, bool]:

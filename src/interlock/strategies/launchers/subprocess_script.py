@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import _thread
 import os
+import select
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -12,6 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
@@ -34,7 +38,11 @@ from interlock.strategies.launchers.base import (
     run_recording_errors,
     sigterm_as_exception,
 )
-from interlock.strategies.launchers.rendezvous import choose_rendezvous, release_store
+from interlock.strategies.launchers.rendezvous import (
+    await_arrivals,
+    choose_rendezvous,
+    release_store,
+)
 from interlock.strategies.preemption import DEFAULT_GRACE, PREEMPTED_EXIT_CODE, Preempted
 
 
@@ -141,12 +149,35 @@ class SubprocessScriptLauncher(Launcher):
 
     def _run_rank_zero(self, entry: WorkerEntry, args: tuple[Any, ...],
                        kwargs: dict[str, Any], errors: Path, own: dict[str, str]) -> Any:
-        children = self._start_children(errors, own)
+        first_rank = self.node_rank * self.num_processes
+        children: dict[int, subprocess.Popen[bytes]] = {}
         watcher = _Watcher(children)
-        watcher.start()
+        relay = _SignalRelay(children, watcher, errors, first_rank)
+        relay.install()
         try:
+            return self._supervise(entry, args, kwargs, errors, own, children, watcher, relay)
+        finally:
+            relay.uninstall()
+
+    def _supervise(self, entry: WorkerEntry, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   errors: Path, own: dict[str, str],
+                   children: dict[int, subprocess.Popen[bytes]], watcher: _Watcher,
+                   relay: _SignalRelay) -> Any:
+        first_rank = self.node_rank * self.num_processes
+        try:
+            # inside the try: a signal while starting them stops those already started
+            self._start_children(errors, own, children)
+            watcher.start()
+            if own[RANK0_SERVES_ENV] == "0":
+                # The children take seconds to import torch; wait for them here, where
+                # a signal is handled at once, rather than inside process-group
+                # creation, where it would wait until they connect.
+                await_arrivals(own[RENDEZVOUS_ENV], len(children),
+                               stop=lambda: any(c.poll() is not None
+                                                for c in children.values()))
             result = entry(*args, **kwargs)
         except _Terminate:
+            watcher.stop()
             _stop(children)
             raise SystemExit(exit_code_for_terminate()) from None
         except Preempted:
@@ -157,13 +188,15 @@ class SubprocessScriptLauncher(Launcher):
             raise
         except BaseException as exc:
             watcher.stop()
-            own_rank = self.node_rank * self.num_processes
             if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                record_failure(errors / f"rank{own_rank}.json", exc)
+                record_failure(errors / f"rank{first_rank}.json", exc)
             failed = watcher.failure or _first_failure(children, wait=2.0)
             _stop(children)
+            if (isinstance(exc, KeyboardInterrupt) and relay.stopped_children
+                    and watcher.failure is None):
+                raise  # the relay stopped the children for this interrupt: not a failure
             if failed is not None or not isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                raise _failure(failed, errors, self.node_rank * self.num_processes) from exc
+                raise _failure(failed, errors, first_rank) from exc
             raise
         finally:
             watcher.stop()
@@ -177,16 +210,15 @@ class SubprocessScriptLauncher(Launcher):
             raise
         failed = _first_failure(children, wait=0)
         if failed is not None:
-            raise _failure(failed, errors, self.node_rank * self.num_processes)
+            raise _failure(failed, errors, first_rank)
         return result
 
-    def _start_children(
-        self, errors: Path, own: dict[str, str]
-    ) -> dict[int, subprocess.Popen[bytes]]:
+    def _start_children(self, errors: Path, own: dict[str, str],
+                        children: dict[int, subprocess.Popen[bytes]]) -> None:
+        """Start ranks 1..N-1 into ``children`` (each one as soon as it runs)."""
         command = script_command()
         history = launch_history.write(errors, int(own[launch_history.LAUNCH_INDEX_ENV]))
         own = {**own, launch_history.LAUNCH_HISTORY_ENV: str(history)}
-        children: dict[int, subprocess.Popen[bytes]] = {}
         for local_rank in range(1, self.num_processes):
             rank = self.node_rank * self.num_processes + local_rank
             env = {**os.environ, **own, "LOCAL_RANK": str(local_rank),
@@ -195,7 +227,6 @@ class SubprocessScriptLauncher(Launcher):
             children[local_rank] = subprocess.Popen(
                 command + hydra_overrides(local_rank), env=env, preexec_fn=die_with_parent,
             )
-        return children
 
 
 def _run_as_child(index: int, entry: WorkerEntry, args: tuple[Any, ...],
@@ -232,7 +263,140 @@ class _Watcher(threading.Thread):
                 return
 
     def stop(self) -> None:
+        """Stop watching; once this returns the watcher interrupts no more."""
         self._done.set()
+        if self.is_alive() and self is not threading.current_thread():
+            self.join()
+
+
+#: Seconds the signal relay gives rank 0's main thread to run a signal's handler
+#: before it acts for it (first stopping the other ranks, then ending the process).
+RELAY_GRACE_S = 3.0
+
+
+class _SignalRelay(threading.Thread):
+    """Makes SIGINT and SIGTERM to rank 0 end the job even while rank 0 waits in C++.
+
+    Python runs signal handlers in the main thread between bytecodes. A signal that
+    arrives while rank 0 waits in native code (creating the process group, or a
+    collective whose peer hangs) only sets a flag, and the handler runs when that call
+    returns: when the peer comes, or after the process group's timeout (30 minutes).
+    The signal's C handler also writes its number to the wakeup file descriptor that
+    this thread reads. If the handler has not run :data:`RELAY_GRACE_S` seconds later,
+    the thread stops the other ranks (a wait for a peer then fails, and the handler
+    runs); if rank 0 is still blocked after as long again, it ends the process with
+    ``128 + signal``.
+
+    Only signals whose Python handler is in place when the launch starts are relayed,
+    and only while that handler stays installed: a handler set later by the training
+    function (a preemption guard) is its own business. Inert outside the main thread.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, children: dict[int, subprocess.Popen[bytes]], watcher: _Watcher,
+                 errors: Path, first_rank: int) -> None:
+        super().__init__(daemon=True, name="interlock-signal-relay")
+        self.children = children
+        self.watcher = watcher
+        self.errors = errors
+        self.first_rank = first_rank
+        self._wrappers: dict[int, Any] = {}
+        self._previous: dict[int, Any] = {}
+        self._handled: dict[int, int] = {}
+        self._fds: tuple[int, int] | None = None
+        self._previous_fd = -1
+        self._done = threading.Event()
+        #: whether the relay stopped the children (their exit codes are its doing)
+        self.stopped_children = False
+
+    def install(self) -> None:
+        """Wrap the current handlers and start reading the wakeup fd (main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in self.SIGNALS:
+            previous = signal.getsignal(signum)
+            if callable(previous):  # SIG_DFL ends the process at once; SIG_IGN ignores it
+                self._previous[signum] = previous
+                self._handled[signum] = 0
+                self._wrappers[signum] = self._wrap(signum, previous)
+                signal.signal(signum, self._wrappers[signum])
+        if not self._wrappers:
+            return
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        self._fds = (read_end, write_end)
+        self._previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        self.start()
+
+    def uninstall(self) -> None:
+        """Put back what :meth:`install` replaced, unless someone replaced it since."""
+        if self._fds is None:
+            return
+        self._done.set()
+        current = signal.set_wakeup_fd(self._previous_fd)
+        if current != self._fds[1]:
+            signal.set_wakeup_fd(current)
+        os.write(self._fds[1], b"\0")  # wakes the thread
+        self.join()
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = None
+        for signum, wrapper in self._wrappers.items():
+            if signal.getsignal(signum) is wrapper:
+                signal.signal(signum, self._previous[signum])
+
+    def _wrap(self, signum: int, previous: Any) -> Any:
+        def handler(number: int, frame: FrameType | None) -> Any:
+            self._handled[signum] += 1
+            return previous(number, frame)
+        return handler
+
+    def run(self) -> None:
+        assert self._fds is not None
+        read_end = self._fds[0]
+        arrived = dict.fromkeys(self._handled, 0)
+        while not self._done.is_set():
+            select.select([read_end], [], [])
+            data = os.read(read_end, 512)
+            if self._previous_fd != -1 and data.strip(b"\0"):
+                try:  # another reader (an event loop) waits for these too
+                    os.write(self._previous_fd, data.replace(b"\0", b""))
+                except OSError:
+                    pass
+            for signum in data:
+                if signum in arrived and not self._done.is_set():
+                    arrived[signum] += 1
+                    self._act(signum, arrived[signum])
+
+    def _act(self, signum: int, count: int) -> None:
+        """The ``count``-th ``signum`` arrived: make sure it takes effect."""
+        if signal.getsignal(signum) is not self._wrappers[signum] or self._ran(signum, count):
+            return
+        name = signal.Signals(signum).name
+        print(f"interlock: {name} arrived while rank 0 waits in native code; stopping the "
+              "other ranks", file=sys.stderr, flush=True)
+        self.watcher.stop()  # their exits are no failure to interrupt rank 0 for
+        self.stopped_children = True
+        _stop(self.children)
+        if self._ran(signum, count):
+            return
+        if self.watcher.failure is not None:
+            print(f"interlock: {_failure(self.watcher.failure, self.errors, self.first_rank)}",
+                  file=sys.stderr, flush=True)
+        print(f"interlock: rank 0 is still blocked {RELAY_GRACE_S:.0f}s after its peers "
+              f"stopped; exiting on {name}", file=sys.stderr, flush=True)
+        shutil.rmtree(self.errors, ignore_errors=True)
+        os._exit(128 + signum)
+
+    def _ran(self, signum: int, count: int) -> bool:
+        """Whether the main thread runs the handler for the ``count``-th ``signum``
+        within :data:`RELAY_GRACE_S` seconds (or the launch ends)."""
+        deadline = time.monotonic() + RELAY_GRACE_S
+        while self._handled[signum] < count:
+            if self._done.wait(0.05) or time.monotonic() >= deadline:
+                return self._done.is_set()
+        return True
 
 
 def _first_failure(children: dict[int, subprocess.Popen[bytes]],
@@ -265,16 +429,26 @@ def _failure(failed: tuple[int, int] | None, errors: Path, first_rank: int) -> R
 
 
 def _wait(children: dict[int, subprocess.Popen[bytes]], timeout: float | None = None) -> None:
-    """Wait for every child to exit (at most ``timeout`` seconds in all, when given)."""
+    """Wait for every child to exit (at most ``timeout`` seconds in all, when given).
+
+    Never in one blocking ``waitpid``: a signal delivered to another thread of this
+    process would not interrupt it, and its handler would wait for the children.
+    """
     deadline = None if timeout is None else time.monotonic() + timeout
-    for child in children.values():
-        try:
-            child.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            return
+    for child in list(children.values()):
+        while child.poll() is None:
+            left = 1.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                child.wait(min(1.0, left))  # polls, running signal handlers in between
+            except subprocess.TimeoutExpired:
+                continue
 
 
 def _stop(children: dict[int, subprocess.Popen[bytes]], grace: float = 5.0) -> None:
+    """Terminate every live child, then kill what is still there after ``grace``."""
+    children = dict(children)  # the signal relay may stop them from its thread
     for child in children.values():
         if child.poll() is None:
             child.terminate()
