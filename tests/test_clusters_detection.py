@@ -347,3 +347,29 @@ def test_two_processes_started_elsewhere_join_one_world(tmp_path: Path) -> None:
         assert (r["world"], r["total"]) == (2, 3.0), f"not one world of 2: {results}"
         assert (r["cluster"], r["launcher"]) == ("external", "external"), results
     assert {r["pid"] for r in results} == {p.pid for p in procs}, "ran in the processes given"
+
+
+def test_auto_devices_follow_the_processes_a_cluster_started_per_node() -> None:
+    """torchrun --nproc_per_node=1 on an 8-GPU host with devices left on auto: one
+    process per node uses cuda:0 (a note says why) instead of a cluster-mismatch; the
+    same count given explicitly as 8 is still refused, and on cpu auto follows an MPI
+    job's two local ranks."""
+    from machines import torchelastic
+
+    one = plan(num_nodes=2, machine=torchelastic(2, 1, 2))
+    assert one.parallel_devices == ("cuda:0",), one.parallel_devices
+    assert "cluster/auto-devices-follow-cluster" in rules(one)
+    assert any("LOCAL_WORLD_SIZE=1" in note for note in one.notes), one.notes
+    with pytest.raises(ResolutionError) as info:
+        plan(devices=8, num_nodes=2, machine=torchelastic(2, 1, 2))
+    assert info.value.code == "cluster-mismatch"
+    mpi = plan(accelerator="cpu", machine=Machine(environ={
+        "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}))
+    assert (mpi.cluster_environment, mpi.parallel_devices, mpi.strategy) == (
+        "mpi", ("cpu", "cpu"), "ddp")
+    # more processes per node than this host has GPUs: still refused
+    with pytest.raises(ResolutionError) as info:
+        plan(machine=torchelastic(16, 16, 1))
+    assert info.value.code == "cluster-mismatch"

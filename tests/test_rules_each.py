@@ -147,6 +147,7 @@ EXAMPLES: dict[str, tuple[Flags, Machine, str | None]] = {
     "cluster/mpi": ({"devices": 2}, MPI, None),
     "cluster/local": ({}, CPU, None),
     "cluster/unreadable-variable": ({"devices": 2}, slurm(3, "2,1", 2), "invalid-environment"),
+    "cluster/auto-devices-follow-cluster": ({"num_nodes": 2}, torchelastic(4, 2, 2), None),
     "cluster/processes-per-node-mismatch": ({"devices": 4, "num_nodes": 2},
                                             torchelastic(4, 2, 2), "cluster-mismatch"),
     "cluster/nodes-mismatch": ({"devices": 4, "num_nodes": 1}, slurm(8, "4", 2),

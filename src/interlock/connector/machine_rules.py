@@ -848,6 +848,37 @@ def _per_node_mismatch(ctx: Context) -> tuple[str, int] | None:
     return found if found is not None and found[1] != ctx.devices_per_node else None
 
 
+def _adoptable_per_node(ctx: Context) -> int | None:
+    """The cluster's processes per node when devices was left on auto and that many
+    devices exist here (any count on cpu, where devices counts processes); else None."""
+    if ctx.devices.kind != "auto" or _norm_flag(ctx.devices_flag) != "auto":
+        return None  # an explicit devices value is the user's: a mismatch is refused
+    found = _per_node_mismatch(ctx)
+    if found is None or found[1] < 1:
+        return None
+    available = MAX_DEVICES_PER_NODE if ctx.accelerator == "cpu" else _count(ctx)
+    return found[1] if found[1] <= available else None
+
+
+def _norm_flag(value: object) -> str | None:
+    return value.strip().lower() if isinstance(value, str) else None
+
+
+def _follow_cluster(ctx: Context) -> str:
+    name, value = _per_node_mismatch(ctx) or ("", 0)
+    source = name if " " in name else f"{name}={value}"
+    before = ctx.devices_per_node
+    if ctx.accelerator == "cpu":
+        _place(ctx, ("cpu",) * value)
+    else:
+        _place(ctx, _indexed(ctx.accelerator, range(value)))
+    ctx.note(
+        f"devices='auto' follows {ctx.cluster}: {value} process{'es' if value != 1 else ''} "
+        f"per node ({source}) instead of the {before} that auto places on this machine"
+    )
+    return f"devices='auto' takes the cluster's {value} per node ({source})"
+
+
 def _refuse_per_node(ctx: Context) -> str:
     name, value = _per_node_mismatch(ctx) or ("", 0)
     source = name if " " in name else f"{name}={value}"
@@ -939,6 +970,15 @@ CLUSTER_CHECK = Decision(
             when=lambda c: _bad_variable(c) is not None,
             then=_refuse_bad_variable,
             refuses="invalid-environment",
+        ),
+        Rule(
+            id="cluster/auto-devices-follow-cluster",
+            doc="devices was left on auto and an external cluster started a different "
+            "number of processes per node that this machine has devices for (any number on "
+            "cpu): devices takes the cluster's count, with a note (torchrun "
+            "--nproc_per_node=1 on an 8-GPU host uses cuda:0).",
+            when=lambda c: _adoptable_per_node(c) is not None,
+            then=_follow_cluster,
         ),
         Rule(
             id="cluster/processes-per-node-mismatch",
