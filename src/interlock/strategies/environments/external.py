@@ -4,13 +4,9 @@ standard variables."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-
 from interlock.connector.errors import ResolutionError
-from interlock.connector.parts import cluster_detected
-from interlock.strategies.environments._external import ExternalEnvironment
-from interlock.strategies.environments._variables import read_int, read_port, read_str
+from interlock.strategies.environments._variables import read_int
+from interlock.strategies.environments.torchelastic import TorchVariablesEnvironment
 
 #: Variables that name the node's rank, in the order they are looked for (torchrun's,
 #: the common one, deepspeed's).
@@ -19,7 +15,7 @@ NODE_RANK_VARIABLES = ("GROUP_RANK", "NODE_RANK", "CROSS_RANK")
 LOCAL_SIZE_VARIABLES = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE")
 
 
-class ExternalLauncherEnvironment(ExternalEnvironment):
+class ExternalLauncherEnvironment(TorchVariablesEnvironment):
     """Ranks from ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
     ``MASTER_PORT``, exported to every process by the launcher that started it.
 
@@ -30,27 +26,6 @@ class ExternalLauncherEnvironment(ExternalEnvironment):
     """
 
     name = "external"
-
-    @property
-    def main_address(self) -> str:
-        return read_str(self.name, self.environ, "MASTER_ADDR")
-
-    @property
-    def main_port(self) -> int:
-        return read_port(self.name, self.environ, "MASTER_PORT")
-
-    @classmethod
-    def detect(cls, environ: Mapping[str, str] | None = None) -> bool:
-        return cluster_detected(cls.name, os.environ if environ is None else environ)
-
-    def world_size(self) -> int:
-        return read_int(self.name, self.environ, "WORLD_SIZE", minimum=1)
-
-    def global_rank(self) -> int:
-        return read_int(self.name, self.environ, "RANK")
-
-    def local_rank(self) -> int:
-        return read_int(self.name, self.environ, "LOCAL_RANK")
 
     def node_rank(self) -> int:
         for name in NODE_RANK_VARIABLES:
