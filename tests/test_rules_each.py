@@ -158,6 +158,7 @@ EXAMPLES: dict[str, tuple[Flags, Machine, str | None]] = {
         Machine(environ={**EXTERNAL_LAUNCHER, "LOCAL_RANK": "1", "RANK": "1"}),
         "cluster-mismatch"),
     "cluster/consistent": ({}, CPU, None),
+    "cluster/devices-as-placed": ({}, CPU, None),
     "strategy/explicit": ({"strategy": "single_device"}, CPU, None),
     "strategy/auto-xla": ({}, TPU, None),
     "strategy/auto-single-xla": ({"devices": 1}, TPU, None),

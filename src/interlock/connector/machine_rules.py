@@ -851,17 +851,15 @@ def _per_node_mismatch(ctx: Context) -> tuple[str, int] | None:
 def _adoptable_per_node(ctx: Context) -> int | None:
     """The cluster's processes per node when devices was left on auto and that many
     devices exist here (any count on cpu, where devices counts processes); else None."""
-    if ctx.devices.kind != "auto" or _norm_flag(ctx.devices_flag) != "auto":
-        return None  # an explicit devices value is the user's: a mismatch is refused
+    if ctx.devices.kind != "auto" or _bad_variable(ctx) is not None:
+        # an explicit devices value is the user's (a mismatch is refused), and an
+        # unreadable variable is refused by the check that follows
+        return None
     found = _per_node_mismatch(ctx)
     if found is None or found[1] < 1:
         return None
     available = MAX_DEVICES_PER_NODE if ctx.accelerator == "cpu" else _count(ctx)
     return found[1] if found[1] <= available else None
-
-
-def _norm_flag(value: object) -> str | None:
-    return value.strip().lower() if isinstance(value, str) else None
 
 
 def _follow_cluster(ctx: Context) -> str:
@@ -972,15 +970,6 @@ CLUSTER_CHECK = Decision(
             refuses="invalid-environment",
         ),
         Rule(
-            id="cluster/auto-devices-follow-cluster",
-            doc="devices was left on auto and an external cluster started a different "
-            "number of processes per node that this machine has devices for (any number on "
-            "cpu): devices takes the cluster's count, with a note (torchrun "
-            "--nproc_per_node=1 on an 8-GPU host uses cuda:0).",
-            when=lambda c: _adoptable_per_node(c) is not None,
-            then=_follow_cluster,
-        ),
-        Rule(
             id="cluster/processes-per-node-mismatch",
             doc="The per-node process count (LOCAL_WORLD_SIZE, SLURM_STEP_TASKS_PER_NODE or "
             "SLURM_NTASKS_PER_NODE, OMPI_COMM_WORLD_LOCAL_SIZE; Kubeflow: 1) differs from the "
@@ -1020,8 +1009,32 @@ CLUSTER_CHECK = Decision(
     ),
 )
 
+CLUSTER_DEVICES = Decision(
+    id="cluster/auto-devices",
+    doc="devices='auto' takes the per-node process count of a cluster that started the "
+    "processes; a devices value the user wrote is checked as written.",
+    rules=(
+        Rule(
+            id="cluster/auto-devices-follow-cluster",
+            doc="devices was left on auto and an external cluster started a different "
+            "number of processes per node that this machine has devices for (any number on "
+            "cpu): devices takes the cluster's count, with a note (torchrun "
+            "--nproc_per_node=1 on an 8-GPU host uses cuda:0).",
+            when=lambda c: _adoptable_per_node(c) is not None,
+            then=_follow_cluster,
+        ),
+        Rule(
+            id="cluster/devices-as-placed",
+            doc="Otherwise the devices stay as the devices stage placed them.",
+            when=always,
+            then=lambda c: f"{c.devices_per_node} device"
+            f"{'s' if c.devices_per_node != 1 else ''} per node as placed",
+        ),
+    ),
+)
+
 CLUSTER_STAGE = Stage(
     name="cluster",
     doc="Detect the cluster environment and check the job's geometry against the flags.",
-    decisions=(CLUSTER_CHOICE, CLUSTER_CHECK),
+    decisions=(CLUSTER_CHOICE, CLUSTER_DEVICES, CLUSTER_CHECK),
 )

@@ -12,7 +12,7 @@ from interlock.connector.flag_rules import DEVICES_FLAG
 from interlock.connector.machine import Machine
 from interlock.connector.machine_rules import CLUSTER_CHECK, DEVICES_STAGE
 from interlock.connector.registry import strategy_specs
-from interlock.connector.rules import Context, run_decision, run_stages
+from interlock.connector.rules import Context, DevicesRequest, run_decision, run_stages
 from interlock.connector.tables import CLUSTER_ROWS, ENVIRONMENT_VARIABLES
 
 
@@ -62,6 +62,9 @@ def check_cluster_geometry(
         return  # a third-party environment: nothing the tables know to check
     machine = Machine(environ={k: environ[k] for k in ENVIRONMENT_VARIABLES if k in environ})
     ctx = _context(machine, devices_per_node, num_nodes)
+    # the strategy's devices are settled: a count, never auto (which would follow the
+    # cluster instead of being checked against it)
+    ctx.devices = DevicesRequest(kind="count", count=devices_per_node)
     ctx.parallel_devices = ("cpu",) * devices_per_node
     ctx.cluster, ctx.cluster_row, ctx.cluster_external = row.name, row, row.external
     run_decision("cluster", CLUSTER_CHECK, ctx)
