@@ -122,18 +122,21 @@ def test_sharded_strategies_resume_exactly(tmp_path: Path, strategy: str) -> Non
                         atol=0.0)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
 def test_a_failing_rank_ends_the_job_and_is_named(tmp_path: Path, strategy: str) -> None:
+    """The job ends soon after rank 1 fails, instead of rank 0 waiting in a collective
+    for the process group's 30-minute timeout. The budget is the whole job's (start-up
+    included: about 10 s idle, 40 s seen on a loaded 2-core machine)."""
     marker = str(tmp_path / "ckpt.pt")
     started = time.monotonic()
     proc = run("--strategy", strategy, "--devices", "2", "--steps", "1000", "--fail-at-step", "3",
-               "--fail-rank", "1", "--checkpoint", marker, timeout=60)
+               "--fail-rank", "1", "--checkpoint", marker, timeout=240)
     elapsed = time.monotonic() - started
     assert proc.returncode != 0
     assert "rank 1 failed" in proc.stderr and "deliberate failure at step 3" in proc.stderr, (
         proc.stderr[-3000:])
-    assert elapsed < 30, f"the failure took {elapsed:.1f}s to end the job"
+    assert elapsed < STARTUP_BUDGET_S, f"the failure took {elapsed:.1f}s to end the job"
     assert wait_until_gone(marker, 5) == [], "processes of the failed job survived it"
 
 
@@ -142,6 +145,13 @@ STARTUP_BUDGET_S = 120.0
 #: Seconds within which a signalled job must have exited (about 5 on an idle machine; a
 #: job that misses a signal waits for its process group's timeout instead).
 EXIT_BUDGET_S = 60.0
+
+
+def _default_sigint() -> None:
+    """SIGINT as a user at a terminal has it. A test run started in the background of a
+    non-interactive shell (``cmd &``) inherits SIGINT ignored, and Python then installs
+    no KeyboardInterrupt handler: the job would rightly keep ignoring it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class Job:
@@ -156,6 +166,7 @@ class Job:
                 [sys.executable, str(SCRIPT), "--devices", "2", "--steps", "100000000",
                  "--checkpoint", self.marker, "--ready-file", str(self.ready), *args],
                 stdout=subprocess.DEVNULL, stderr=stderr, text=True,
+                preexec_fn=_default_sigint,
             )
 
     def stderr(self) -> str:
