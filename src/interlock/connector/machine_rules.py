@@ -18,6 +18,7 @@ from interlock.connector.rules import (
     Rule,
     Stage,
     always,
+    devices_as_placed,
     refuse,
 )
 from interlock.connector.tables import (
@@ -1027,8 +1028,7 @@ CLUSTER_DEVICES = Decision(
             id="cluster/devices-as-placed",
             doc="Otherwise the devices stay as the devices stage placed them.",
             when=always,
-            then=lambda c: f"{c.devices_per_node} device"
-            f"{'s' if c.devices_per_node != 1 else ''} per node as placed",
+            then=devices_as_placed,
         ),
     ),
 )

@@ -116,6 +116,12 @@ Predicate = Callable[[Context], bool]
 Action = Callable[[Context], str]
 
 
+def devices_as_placed(ctx: Context) -> str:
+    """The action of a rule that leaves the placed devices as they are."""
+    n = ctx.devices_per_node
+    return f"{n} device{'s' if n != 1 else ''} per node as placed"
+
+
 def always(ctx: Context) -> bool:
     """The predicate of a decision's final, catch-all rule."""
     return True

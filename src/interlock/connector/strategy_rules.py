@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from interlock.connector.rules import Action, Context, Decision, Rule, Stage, always, refuse
+from interlock.connector.rules import (
+    Action,
+    Context,
+    Decision,
+    Rule,
+    Stage,
+    always,
+    devices_as_placed,
+    refuse,
+)
 from interlock.connector.specs import StrategySpec
 from interlock.connector.tables import (
     ACCELERATOR_ROWS,
@@ -188,8 +197,7 @@ STRATEGY_DEVICES = Decision(
             id="strategy/devices-as-placed",
             doc="Otherwise the devices stay as the devices stage placed them.",
             when=always,
-            then=lambda c: f"{c.devices_per_node} device"
-            f"{'s' if c.devices_per_node != 1 else ''} per node as placed",
+            then=devices_as_placed,
         ),
     ),
 )
