@@ -255,6 +255,9 @@ SLURM_STEP_VARIABLES: tuple[str, ...] = ("SLURM_STEP_ID", "SLURM_STEPID")
 EXTERNAL_LAUNCHER_VARIABLES: tuple[str, ...] = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
 )
+#: Where such a launcher puts the node's rank, in the order they are looked for
+#: (torchrun's, the common one, deepspeed's).
+EXTERNAL_NODE_RANK_VARIABLES: tuple[str, ...] = ("GROUP_RANK", "NODE_RANK", "CROSS_RANK")
 
 
 def slurm_step(env: Mapping[str, str]) -> bool:
@@ -400,8 +403,8 @@ CLUSTERS: tuple[ClusterRow, ...] = (
         f"{RENDEZVOUS_VARIABLE} is not",
         external=True,
         variables=(
-            *EXTERNAL_LAUNCHER_VARIABLES, "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "GROUP_RANK",
-            "NODE_RANK", "CROSS_RANK", "GROUP_WORLD_SIZE", "CROSS_SIZE", RENDEZVOUS_VARIABLE,
+            *EXTERNAL_LAUNCHER_VARIABLES, "LOCAL_WORLD_SIZE", "LOCAL_SIZE",
+            *EXTERNAL_NODE_RANK_VARIABLES, "GROUP_WORLD_SIZE", "CROSS_SIZE", RENDEZVOUS_VARIABLE,
         ),
         world_size_vars=("WORLD_SIZE",), local_size_vars=("LOCAL_WORLD_SIZE", "LOCAL_SIZE"),
         nodes_vars=("GROUP_WORLD_SIZE", "CROSS_SIZE"), local_rank_vars=("LOCAL_RANK",),

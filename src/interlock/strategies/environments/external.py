@@ -5,14 +5,12 @@ standard variables."""
 from __future__ import annotations
 
 from interlock.connector.errors import ResolutionError
+from interlock.connector.tables import CLUSTER_ROWS, EXTERNAL_NODE_RANK_VARIABLES
 from interlock.strategies.environments._variables import read_int
 from interlock.strategies.environments.torchelastic import TorchVariablesEnvironment
 
-#: Variables that name the node's rank, in the order they are looked for (torchrun's,
-#: the common one, deepspeed's).
-NODE_RANK_VARIABLES = ("GROUP_RANK", "NODE_RANK", "CROSS_RANK")
-#: Variables that count the processes on this node (torchrun's, deepspeed's).
-LOCAL_SIZE_VARIABLES = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE")
+#: Variables that count the processes on this node: the cluster table's, read once.
+LOCAL_SIZE_VARIABLES = CLUSTER_ROWS["external"].local_size_vars
 
 
 class ExternalLauncherEnvironment(TorchVariablesEnvironment):
@@ -28,7 +26,7 @@ class ExternalLauncherEnvironment(TorchVariablesEnvironment):
     name = "external"
 
     def node_rank(self) -> int:
-        for name in NODE_RANK_VARIABLES:
+        for name in EXTERNAL_NODE_RANK_VARIABLES:
             if name in self.environ:
                 return read_int(self.name, self.environ, name)
         for name in LOCAL_SIZE_VARIABLES:
