@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -248,3 +249,32 @@ def test_fork_after_cuda_is_refused_with_a_clear_error(monkeypatch: pytest.Monke
 def test_a_large_result_comes_back_without_blocking() -> None:
     result = ddp("ddp_spawn").launch(workloads.large_result)
     assert result.shape == (1_000_000,) and float(result.sum()) == 1_000_000.0
+
+
+def _blocked_signals(strategy: Any) -> set[int]:
+    return {int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])}
+
+
+@pytest.mark.timeout(90)
+def test_fork_holds_interrupts_while_forking_and_the_ranks_get_them_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGINT or SIGTERM handled by a child in the bytecodes between ``fork()`` and
+    multiprocessing's ``try`` would send that child back into the caller's code (a
+    second copy of the script): the parent holds both signals back while it forks, and
+    each rank releases them before the training function runs."""
+    import torch.multiprocessing as torch_mp
+
+    held = {int(signal.SIGINT), int(signal.SIGTERM)}
+    seen: list[set[int]] = []
+    real = torch_mp.start_processes
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        seen.append({int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])})
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch_mp, "start_processes", recording)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    in_ranks = ddp("ddp_fork").launch(_blocked_signals)
+    assert seen and held <= seen[0], f"fork ran with only {seen} blocked"
+    assert not held & in_ranks, f"rank 0 runs the training function with {in_ranks} blocked"
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before, "the mask was not restored"

@@ -6,6 +6,7 @@ import io
 import multiprocessing
 import os
 import pickle
+import signal
 import tempfile
 import time
 from multiprocessing.reduction import ForkingPickler
@@ -91,17 +92,19 @@ class MultiProcessingLauncher(Launcher):
         errors = tempfile.TemporaryDirectory(prefix="interlock-ranks-")
         try:
             with sigterm_as_exception():
-                process_context = mp.start_processes(  # type: ignore[no-untyped-call]
-                    _worker,
-                    args=(payload, self.node_rank, self.num_processes,
-                          world_size, rendezvous, not hosted, self.start_method,
-                          errors.name,
-                          # a forkserver child's parent is the server, not this process
-                          None if self.start_method == "forkserver" else os.getpid()),
-                    nprocs=self.num_processes,
-                    join=False,
-                    start_method=self.start_method,
-                )
+                with _signals_held(self.start_method) as held:
+                    process_context = mp.start_processes(  # type: ignore[no-untyped-call]
+                        _worker,
+                        args=(payload, self.node_rank, self.num_processes,
+                              world_size, rendezvous, not hosted, self.start_method,
+                              errors.name,
+                              # a forkserver child's parent is the server, not this process
+                              None if self.start_method == "forkserver" else os.getpid(),
+                              held),
+                        nprocs=self.num_processes,
+                        join=False,
+                        start_method=self.start_method,
+                    )
                 _join(process_context, self.node_rank * self.num_processes, errors.name)
                 result_file = Path(errors.name, "result.pkl")
                 if not result_file.exists():
@@ -117,6 +120,39 @@ class MultiProcessingLauncher(Launcher):
             errors.cleanup()
             if hosted:
                 release_store(rendezvous)
+
+
+#: signals whose Python handlers raise (KeyboardInterrupt, the launcher's SIGTERM)
+_HELD_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
+
+
+class _signals_held:
+    """Holds SIGINT and SIGTERM back while workers are forked; yields those it held.
+
+    A forked child resumes in multiprocessing's code a few bytecodes before the
+    ``try`` that ends it with ``os._exit``. A signal handled there (Ctrl-C at a terminal
+    reaches the whole process group, so a child just forked gets it too; the launcher
+    stops started children with SIGTERM) would raise *outside* that ``try``, and the
+    child would return into the caller's code and go on running the caller's script as
+    a second copy. Children inherit the blocked mask; :func:`_worker` releases it once
+    it runs inside multiprocessing's ``try``. The parent gets any signal that arrived
+    meanwhile as soon as the forks are done. Spawned children exec a fresh interpreter
+    and forkserver children are forked by the server, so only ``fork`` needs this.
+    """
+
+    def __init__(self, start_method: str) -> None:
+        self.start_method = start_method
+        self.held: frozenset[int] = frozenset()
+
+    def __enter__(self) -> frozenset[int]:
+        if self.start_method == "fork":
+            before = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
+            self.held = frozenset(int(s) for s in _HELD_SIGNALS - set(before))
+        return self.held
+
+    def __exit__(self, *exc: object) -> None:
+        if self.held:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, self.held)
 
 
 def _join(context: Any, first_rank: int, errors: str, grace: float = 2.0) -> None:
@@ -226,7 +262,9 @@ def _worker(local_rank: int,
             payload: tuple[WorkerEntry, tuple[Any, ...], dict[str, Any]],
             node_rank: int, num_processes: int,
             world_size: int, rendezvous: str, rank0_serves: bool, start_method: str,
-            errors: str, parent_pid: int | None) -> None:
+            errors: str, parent_pid: int | None, held: frozenset[int]) -> None:
+    if held:  # see _signals_held: from here on a signal raises inside multiprocessing's try
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
     die_with_parent()
     if parent_pid is not None and os.getppid() != parent_pid:
         os._exit(1)  # the parent died before prctl took effect
