@@ -13,14 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from interlock.connector.limits import MAX_DEVICES_PER_NODE, short_repr
-
-#: Optional packages whose presence changes what the engine may choose.
-OPTIONAL_PACKAGES: tuple[str, ...] = (
-    "torch_xla",
-    "deepspeed",
-    "transformer_engine",
-    "bitsandbytes",
-)
+from interlock.connector.tables import OPTIONAL_PACKAGES
 
 #: Multiprocessing start methods the engine knows about.
 START_METHODS: tuple[str, ...] = ("fork", "spawn", "forkserver")

@@ -434,15 +434,32 @@ ENVIRONMENT_VARIABLES: tuple[str, ...] = tuple(
 
 # --------------------------------------------------------------------------- packages
 
-#: How to install each optional package, for missing-package errors.
-INSTALL_HINTS: Mapping[str, str] = MappingProxyType(
-    {
-        "torch_xla": "pip install 'torch_xla[tpu]' (matching your torch version)",
-        "deepspeed": "pip install deepspeed",
-        "transformer_engine": "pip install transformer_engine[pytorch]",
-        "bitsandbytes": "pip install bitsandbytes",
-    }
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PackageRow:
+    """An optional package whose presence changes what the engine may choose.
+
+    Attributes:
+        name: the importable module name (what ``Machine.packages`` lists).
+        install: how to install it, quoted in missing-package errors.
+    """
+
+    name: str
+    install: str
+
+
+PACKAGES: tuple[PackageRow, ...] = (
+    PackageRow(name="torch_xla",
+               install="pip install 'torch_xla[tpu]' (matching your torch version)"),
+    PackageRow(name="deepspeed", install="pip install deepspeed"),
+    PackageRow(name="transformer_engine", install="pip install transformer_engine[pytorch]"),
+    PackageRow(name="bitsandbytes", install="pip install bitsandbytes"),
 )
+
+#: The optional packages the engine knows, in the package table's order.
+OPTIONAL_PACKAGES: tuple[str, ...] = tuple(row.name for row in PACKAGES)
+
+#: How to install each optional package, for missing-package errors.
+INSTALL_HINTS: Mapping[str, str] = MappingProxyType({row.name: row.install for row in PACKAGES})
 
 #: precision plugin families that belong to a strategy rather than to a precision: a
 #: strategy row naming one gets that family's plugin for every precision it supports
