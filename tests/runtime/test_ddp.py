@@ -270,7 +270,7 @@ def test_fork_holds_interrupts_while_forking_and_the_ranks_get_them_back(
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         seen.append({int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])})
-        return real(*args, **kwargs)
+        return real(*args, **kwargs)  # type: ignore[no-untyped-call]
 
     monkeypatch.setattr(torch_mp, "start_processes", recording)
     before = signal.pthread_sigmask(signal.SIG_BLOCK, [])

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from interlock.connector.limits import MAX_DEVICES_PER_NODE, short_repr
-from interlock.connector.tables import OPTIONAL_PACKAGES
+# re-exported: the CLI and the environment report read it from here
+from interlock.connector.tables import OPTIONAL_PACKAGES as OPTIONAL_PACKAGES
 
 #: Multiprocessing start methods the engine knows about.
 START_METHODS: tuple[str, ...] = ("fork", "spawn", "forkserver")
