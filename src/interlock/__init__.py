@@ -10,10 +10,10 @@ from interlock.connector import (
     TraceStep,
     plan,
     register_strategy,
-    resolve,
     strategy_specs,
     unregister_strategy,
 )
+from interlock.resolving import resolve
 from interlock.seeding import seed_everything
 from interlock.strategies.rank_zero import rank_zero_logger
 

@@ -1,4 +1,5 @@
-"""resolve() and Plan.build(): wiring strategies from plans, names and instances."""
+"""resolve(), Plan.build() and the builder: wiring strategies from plans, names and
+instances."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from interlock.connector import registry
 from interlock.connector.builtin import BUILTIN_STRATEGIES
 from interlock.connector.tables import ACCELERATOR_NAMES
 from interlock.strategies.accelerators import ACCELERATOR_CLASSES, CPUAccelerator
+from interlock.strategies.build import build_strategy
 from interlock.strategies.ddp import DDP_NAMES, DDPStrategy
 from interlock.strategies.environments import LocalEnvironment, TorchElasticEnvironment
 from interlock.strategies.io import TorchCheckpointIO
@@ -125,7 +127,8 @@ def test_every_builtin_row_builds_its_strategy(spec: StrategySpec) -> None:
         "cuda": interlock.Machine(cuda_devices=2, packages=frozenset({"deepspeed"})),
     }.get(next(iter(sorted(spec.accelerators - {"cpu"}) or ["cpu"])), CPU)
     devices = 1 if spec.max_devices == 1 else -1
-    strategy = interlock.plan(strategy=spec.name, devices=devices, machine=machine).build()
+    strategy = build_strategy(interlock.plan(strategy=spec.name, devices=devices,
+                                             machine=machine))
     assert type(strategy).__name__ == spec.factory.rpartition(":")[2]
     assert strategy.name == spec.name and strategy.plan is not None
 

@@ -1,8 +1,13 @@
-"""The resolution engine: typed rule stages over the compatibility tables."""
+"""The resolution engine: typed rule stages over the compatibility tables.
+
+It knows the strategies only as their rows' ``"module:Class"`` factory strings and never
+imports the runtime; :func:`interlock.resolve` hands its `Plan` to the builder that
+lives with the strategies.
+"""
 
 from interlock.connector.errors import ERROR_CODES, ResolutionError
 from interlock.connector.machine import Machine
-from interlock.connector.planner import STAGES, Plan, plan, resolve
+from interlock.connector.planner import STAGES, Plan, plan
 from interlock.connector.registry import (
     RegistrationError,
     register_strategy,
@@ -23,7 +28,6 @@ __all__ = [
     "TraceStep",
     "plan",
     "register_strategy",
-    "resolve",
     "strategy_specs",
     "unregister_strategy",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeAlias
+from typing import Any, ClassVar, Protocol, TypeAlias
 
 from interlock.connector.errors import ResolutionError, did_you_mean
 from interlock.connector.flag_rules import FLAGS_STAGE, plugin_kind
@@ -21,9 +21,6 @@ from interlock.connector.rules import Context, Stage, run_stages
 from interlock.connector.specs import StrategySpec
 from interlock.connector.strategy_rules import PLUGINS_STAGE, PRECISION_STAGE, STRATEGY_STAGE
 from interlock.connector.trace import TraceStep
-
-if TYPE_CHECKING:
-    from interlock.strategies.base import Strategy
 
 #: The stages, in the order they run.
 STAGES: tuple[Stage, ...] = (
@@ -109,39 +106,22 @@ class Plan:
         """Processes (devices) per node."""
         return len(self.parallel_devices)
 
-    def build(self) -> Strategy:
-        """Wire the strategy this plan describes (imports its module now).
+    def build(self) -> StrategyPart:
+        """Wire the strategy this plan describes: the second half of
+        :func:`interlock.resolve`, which is typed with the runtime's `Strategy`.
 
-        A strategy instance given to `plan()` is completed with the parts it was not
-        given. Otherwise the factory named by the strategy's row is a Strategy class
-        with a ``from_plan(plan)`` classmethod, or any callable taking the plan.
+        The engine never imports the runtime: this hands the plan to the builder that
+        lives with the strategies (`interlock.strategies.build.build_strategy`), which
+        imports the strategy's module now.
 
         Raises:
             ResolutionError: ``unknown-option`` when the row's options name a keyword
-                the factory class does not take (see `check_options`).
+                the factory class does not take (see `check_options`), and the other
+                refusals of building (an object that only claims to be a part).
         """
-        from interlock.strategies.base import Strategy as StrategyBase
+        from interlock.resolving import build  # the one door from the engine outwards
 
-        if self.strategy_instance is not None:
-            if not isinstance(self.strategy_instance, StrategyBase):
-                raise ResolutionError(
-                    "unknown-strategy", flag="strategy", value=self.strategy_instance,
-                    reason=f"{type(self.strategy_instance).__name__} declares itself a "
-                    "strategy but does not derive from interlock.strategies.base.Strategy.",
-                )
-            self.strategy_instance.complete(self)
-            return self.strategy_instance
-        factory = load_factory(self.spec)
-        check_options(self.spec, factory)
-        builder = getattr(factory, "from_plan", None)
-        strategy = builder(self) if builder is not None else factory(self)
-        if not isinstance(strategy, StrategyBase):
-            raise TypeError(
-                f"the factory of strategy {self.spec.name!r} ({self.spec.factory}) returned "
-                f"{type(strategy).__name__}, not an interlock Strategy"
-            )
-        strategy.plan = self
-        return strategy
+        return build(self)
 
     def summary(self) -> str:
         """One line: what will run, where, and how."""
@@ -222,11 +202,12 @@ PLAN_PROVIDED: frozenset[str] = frozenset({
 def check_options(spec: StrategySpec, factory: object) -> None:
     """Refuse option keys the factory class's constructor does not take.
 
-    A factory class receives ``spec.options`` as keyword arguments (its ``from_plan``
-    passes them on), so every key must be a keyword parameter of the class, other than
-    the parts the plan provides. A constructor with ``**kwargs`` checks its own extras
-    (`DDPStrategy` checks them against DistributedDataParallel's signature). A factory
-    that is a plain function reads ``plan.spec.options`` itself and is not checked.
+    A factory class receives ``spec.options`` as keyword arguments (the runtime's
+    ``Strategy.from_plan`` passes them to its constructor), so every key must be a
+    keyword parameter of the class, other than the parts the plan provides. A
+    constructor with ``**kwargs`` checks its own extras (`DDPStrategy` checks them
+    against DistributedDataParallel's signature). A factory that is a plain function
+    reads ``plan.spec.options`` itself and is not checked.
 
     Raises:
         ResolutionError: ``unknown-option``, naming the strategy, the key and the
@@ -260,27 +241,6 @@ def check_options(spec: StrategySpec, factory: object) -> None:
             choices=sorted(accepted or ()),
             suggestion=did_you_mean(key, accepted or ()),
         )
-
-
-def resolve(
-    accelerator: AcceleratorFlag = "auto",
-    devices: DevicesFlag = "auto",
-    strategy: StrategyFlag = "auto",
-    precision: PrecisionFlag = "32-true",
-    num_nodes: int = 1,
-    plugins: object = None,
-    machine: Machine | None = None,
-) -> Strategy:
-    """``plan(...).build()``: a validated, wired strategy, or a `ResolutionError`.
-
-    Raises:
-        TypeError: ``machine`` is neither an `interlock.Machine` nor None.
-    """
-    check_machine("resolve", machine)
-    return plan(
-        accelerator=accelerator, devices=devices, strategy=strategy, precision=precision,
-        num_nodes=num_nodes, plugins=plugins, machine=machine,
-    ).build()
 
 
 def check_machine(function: str, machine: object) -> None:

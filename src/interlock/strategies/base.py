@@ -23,12 +23,12 @@ from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.collectives import Collective, ReduceOp
 from interlock.strategies.environments import ClusterEnvironment, LocalEnvironment
 from interlock.strategies.init_context import empty_init_context, parameters_on_meta
-from interlock.strategies.io import CheckpointIO, CheckpointLoadError, TorchCheckpointIO
-from interlock.strategies.launchers import Launcher
+from interlock.strategies.io import CheckpointIO, CheckpointLoadError, checkpoint_io_for
+from interlock.strategies.launchers import Launcher, launcher_for
 from interlock.strategies.launchers import history as launch_history
 from interlock.strategies.launchers.base import report_failure
 from interlock.strategies.module_wrapper import StrategyModule, move_to_device, unwrap
-from interlock.strategies.parts import parts_from_plan
+from interlock.strategies.parts import PART_OBJECTS, Parts
 from interlock.strategies.precision import Precision
 from interlock.strategies.sharding import has_meta_tensors, make_storage_private, total_norm
 
@@ -39,10 +39,10 @@ if TYPE_CHECKING:
     from interlock.strategies.dataloading import StrategyDataLoader
 
 T = TypeVar("T")
+S = TypeVar("S", bound="Strategy")
 
 #: Checkpoint key under which the precision's state (the grad scaler's) travels.
 PRECISION_KEY = checkpointing.PRECISION_KEY
-
 
 
 class Strategy(ABC):
@@ -66,6 +66,9 @@ class Strategy(ABC):
     #: :meth:`module_init_context` and :meth:`module_to_device`; sharded strategies
     #: (FSDP, model parallel) set it to True.
     materializes_meta: ClassVar[bool] = False
+    #: the checkpoint IO (by the name a Plan would give it) of an instance built by hand
+    #: and never completed from a plan
+    _unplanned_checkpoint_io: ClassVar[str] = "torch"
 
     def __init__(
         self,
@@ -75,20 +78,47 @@ class Strategy(ABC):
         checkpoint_io: CheckpointIO | None = None,
         cluster_environment: ClusterEnvironment | None = None,
     ) -> None:
-        # what the user passed; the engine refuses a flag that sets the same part
-        self._given: dict[str, object] = {
-            name: part for name, part in (
-                ("accelerator", accelerator), ("precision", precision),
-                ("checkpoint_io", checkpoint_io), ("cluster_environment", cluster_environment),
-            ) if part is not None
-        }
-        # parts not given are made on first use, or come from the plan in complete()
+        # parts not given come from the plan in complete(), or are made on first use
         self._accelerator = accelerator
         self._precision = precision
         self._checkpoint_io = checkpoint_io
-        self._cluster = cluster_environment
+        self._cluster_environment = cluster_environment
+        # what the user passed; the engine refuses a flag that sets the same part
+        self._given: dict[str, object] = {
+            name: part for name in PART_OBJECTS
+            if (part := getattr(self, f"_{name}")) is not None
+        }
+        self._parts: Parts | None = None
         self._launcher: Launcher | None = None
         self.plan: Plan | None = None
+
+    @classmethod
+    def from_plan(cls: type[S], plan: Plan) -> S:
+        """A new strategy of this class, as ``plan`` describes it: the constructor gets
+        the registry row's ``options`` as keyword arguments, then every part it was not
+        given comes from the plan (:meth:`complete`).
+
+        This is how the builder makes a strategy whose row names this class as its
+        factory; subclasses inherit it and rarely need more.
+
+        Raises:
+            ResolutionError: ``unknown-option`` for an option key the class refuses
+                (see :meth:`_check_options`).
+        """
+        options: dict[str, Any] = dict(plan.spec.options)
+        cls._check_options(options, plan.strategy)
+        strategy = cls(**options)
+        strategy.complete(plan)
+        return strategy
+
+    @classmethod  # noqa: B027 - optional hook
+    def _check_options(cls, options: Mapping[str, object], strategy: str) -> None:
+        """Refuse option keys the constructor would not take, naming ``strategy``.
+
+        The builder has already checked the keys against the constructor's keyword
+        parameters; a constructor taking ``**kwargs`` checks its extras here (DDP
+        against DistributedDataParallel's parameters).
+        """
 
     @property
     def name(self) -> str:
@@ -105,29 +135,56 @@ class Strategy(ABC):
         return dict(self._given)
 
     def complete(self, plan: Plan) -> None:
-        """Fill in every part not given at construction from ``plan``, and keep it.
+        """Take every part not given at construction from ``plan``, and keep the plan.
 
         Called again with another plan, it replaces what the previous plan filled in
         and keeps what the constructor was given.
 
-        Internal, not for users: :meth:`interlock.Plan.build` calls it on a strategy
-        instance given to the plan, and each strategy's ``from_plan`` on the instance it
-        creates. Complete an instance with ``interlock.resolve(strategy=instance, ...)``.
+        Internal, not for users: the builder (:func:`interlock.resolve`,
+        :meth:`interlock.Plan.build`) calls it on a strategy instance given to the plan,
+        and :meth:`from_plan` on the instance it creates. Complete an instance with
+        ``interlock.resolve(strategy=instance, ...)``.
         """
-        for name, part in parts_from_plan(plan).items():
+        parts = Parts.from_plan(plan)
+        for name in PART_OBJECTS:
             if name not in self._given:
-                setattr(self, "_cluster" if name == "cluster_environment" else f"_{name}",
-                        part)
-        self._place(plan)
+                setattr(self, f"_{name}", getattr(parts, name))
+        self._parts = parts
+        self._place(parts)
         self.plan = plan
-        self._launcher = None  # derived again from the new parts on first use
+        self._launcher = None  # made again, for the new plan, on first use
 
-    def _place(self, plan: Plan) -> None:  # noqa: B027 - optional hook
-        """Take devices and nodes from ``plan`` where the constructor did not give them."""
+    def _place(self, parts: Parts) -> None:  # noqa: B027 - optional hook
+        """Take devices and nodes from ``parts`` where the constructor did not give them."""
+
+    def _launcher_name(self) -> str | None:
+        """The launcher table's name for how this strategy's processes are created.
+
+        The plan's, when the strategy was built or completed from one. A strategy built
+        by hand has none: it uses the launcher its class starts processes with
+        (:meth:`_unplanned_launcher`), or ``external`` where its cluster environment
+        says someone else created this process.
+        """
+        if self._parts is not None:
+            return self._parts.launcher
+        own = self._unplanned_launcher()
+        if own is not None and self.cluster_environment.creates_processes_externally:
+            return "external"
+        return own
+
+    def _unplanned_launcher(self) -> str | None:
+        """The launcher this class starts processes with when no plan says; None runs
+        in the calling process."""
+        return None
 
     def _make_launcher(self) -> Launcher | None:
-        """The launcher for the current parts; None runs in the calling process."""
-        return None
+        """The launcher :meth:`_launcher_name` names, for this strategy's one process
+        (:class:`~interlock.strategies.parallel.ParallelStrategy` gives its own count)."""
+        name = self._launcher_name()
+        if name is None:
+            return None
+        return launcher_for(name, num_processes=1, num_nodes=1,
+                            cluster=self.cluster_environment)
 
     def _explain_failure(self, exc: BaseException) -> BaseException | None:
         """A clearer error for ``exc`` raised in a rank, when the strategy knows its
@@ -166,10 +223,10 @@ class Strategy(ABC):
 
     @property
     def checkpoint_io(self) -> CheckpointIO:
-        """How checkpoint files are written and read; ``torch.save`` and ``torch.load``
-        unless given or planned."""
+        """How checkpoint files are written and read: as given, else as planned, else
+        the class's own (``torch.save`` and ``torch.load``, unless it says otherwise)."""
         if self._checkpoint_io is None:
-            self._checkpoint_io = TorchCheckpointIO()
+            self._checkpoint_io = checkpoint_io_for(self._unplanned_checkpoint_io)
         return self._checkpoint_io
 
     @property
@@ -182,9 +239,9 @@ class Strategy(ABC):
     @property
     def cluster_environment(self) -> ClusterEnvironment:
         """Where ranks and the rendezvous address come from."""
-        if self._cluster is None:
-            self._cluster = LocalEnvironment()
-        return self._cluster
+        if self._cluster_environment is None:
+            self._cluster_environment = LocalEnvironment()
+        return self._cluster_environment
 
     @property
     @abstractmethod

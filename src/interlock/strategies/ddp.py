@@ -5,14 +5,13 @@ from __future__ import annotations
 import contextlib
 import datetime
 import inspect
-from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from interlock.connector.builtin import BUILTIN_STRATEGIES
 from interlock.connector.errors import ResolutionError, did_you_mean
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.environments import ClusterEnvironment
@@ -21,21 +20,11 @@ from interlock.strategies.module_wrapper import StrategyModule
 from interlock.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 from interlock.strategies.precision import Precision
 
-if TYPE_CHECKING:
-    from interlock.connector.planner import Plan
-
-#: start method -> the registry name of that launch style: the first built-in DDP row
-#: (in table order, presets left out) with that start method
-DDP_NAMES: dict[str, str] = {}
-for _spec in BUILTIN_STRATEGIES:
-    if _spec.family == "ddp" and _spec.variant_of is None:
-        DDP_NAMES.setdefault(str(_spec.options["start_method"]), _spec.name)
-del _spec
-
-#: start method -> launcher name, from the same rows
-_LAUNCHER_OF = {
-    str(s.options["start_method"]): str(s.launcher)
-    for s in BUILTIN_STRATEGIES if s.family == "ddp" and s.launcher is not None
+#: start method -> the registry name of that launch style: the name an instance built
+#: by hand stands for (one built from a plan takes the plan's). The built-in DDP rows
+#: say the same, and tests hold the two together.
+DDP_NAMES: dict[str, str] = {
+    "popen": "ddp", "spawn": "ddp_spawn", "fork": "ddp_fork", "forkserver": "ddp_forkserver",
 }
 
 #: DistributedDataParallel parameters the strategy sets itself
@@ -113,9 +102,7 @@ class DDPStrategy(ParallelStrategy):
             raise ValueError(
                 f"start_method {start_method!r} is unknown; choose {', '.join(DDP_NAMES)}"
             )
-        name = self.registry_name if type(self) is not DDPStrategy else (
-            DDP_NAMES[start_method])
-        _refuse_unknown_ddp_kwargs(ddp_kwargs, name)
+        _refuse_unknown_ddp_kwargs(ddp_kwargs, self._unplanned_name(start_method))
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -131,23 +118,24 @@ class DDPStrategy(ParallelStrategy):
         }
 
     @classmethod
-    def from_plan(cls, plan: Plan) -> DDPStrategy:
-        options: dict[str, Any] = dict(plan.spec.options)
+    def _check_options(cls, options: Mapping[str, object], strategy: str) -> None:
         own = inspect.signature(cls).parameters
-        _refuse_unknown_ddp_kwargs((k for k in options if k not in own), plan.strategy)
-        strategy = cls(**options)
-        strategy.complete(plan)
-        return strategy
+        _refuse_unknown_ddp_kwargs((k for k in options if k not in own), strategy)
 
     @property
     def name(self) -> str:
-        """The registry name: its plan's, else that of its launch style."""
-        return self.plan.strategy if self.plan is not None else DDP_NAMES[self.start_method]
+        """The registry name: its plan's, else the ``registry_name`` of a subclass that
+        sets its own, else that of its launch style."""
+        return self.plan.strategy if self.plan is not None else (
+            self._unplanned_name(self.start_method))
 
-    def _launcher_name(self) -> str:
-        # the plan's launcher when there is a plan, else the table's for the start method
-        planned = self.plan.launcher if self.plan is not None else None
-        return planned or _LAUNCHER_OF[self.start_method]
+    def _unplanned_name(self, start_method: str) -> str:
+        own = type(self).registry_name
+        return DDP_NAMES[start_method] if own == DDPStrategy.registry_name else own
+
+    def _unplanned_launcher(self) -> str | None:
+        # the launcher named like the start method; popen re-runs the script
+        return "subprocess" if self.start_method == "popen" else self.start_method
 
     def wrap_module(self, module: nn.Module) -> nn.Module:
         """Wrap in ``DistributedDataParallel(module, **ddp_kwargs)``, then let

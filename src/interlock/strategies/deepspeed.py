@@ -14,7 +14,7 @@ import datetime
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -29,10 +29,6 @@ from interlock.strategies.module_wrapper import StrategyModule, unwrap
 from interlock.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 from interlock.strategies.precision import Precision
 from interlock.strategies.precision.deepspeed import DeepSpeedPrecision, LossScale
-
-if TYPE_CHECKING:
-    from interlock.connector.planner import Plan
-
 
 #: the entry of a DeepSpeed checkpoint that lists the caller's plain entries
 CLIENT_KEYS = "interlock_client_keys"
@@ -179,12 +175,6 @@ class DeepSpeedStrategy(ParallelStrategy):
         deepspeed_config(**{**self.zero_options, "nvme_path": nvme_path or "?"},
                          overrides=config)
         self._engine: Any = None
-
-    @classmethod
-    def from_plan(cls, plan: Plan) -> DeepSpeedStrategy:
-        strategy = cls(**dict(plan.spec.options))  # type: ignore[arg-type]
-        strategy.complete(plan)
-        return strategy
 
     @property
     def config(self) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import contextlib
 import datetime
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -39,9 +39,6 @@ from interlock.strategies.sharding import (
     materialize_meta,
     rank0_random_stream,
 )
-
-if TYPE_CHECKING:
-    from interlock.connector.planner import Plan
 
 #: which submodules get their own ``fully_shard`` call (the root always gets one): a
 #: set of module classes, or a predicate over modules
@@ -113,12 +110,6 @@ class FSDPStrategy(ParallelStrategy):
             "sharded" if state_dict_type == "sharded" else "full"
         )
         self._mesh: DeviceMesh | None = None
-
-    @classmethod
-    def from_plan(cls, plan: Plan) -> FSDPStrategy:
-        strategy = cls(**dict(plan.spec.options))  # type: ignore[arg-type]
-        strategy.complete(plan)
-        return strategy
 
     @property
     def name(self) -> str:

@@ -29,7 +29,7 @@ from interlock.strategies.sharding import (
 )
 
 if TYPE_CHECKING:
-    from interlock.connector.planner import Plan
+    from interlock.strategies.parts import Parts
 
 #: ``parallelize_fn(module, device_mesh) -> module``: applies tensor parallelism
 #: (``torch.distributed.tensor.parallel.parallelize_module`` on
@@ -95,14 +95,8 @@ class ModelParallelStrategy(ParallelStrategy):
         self.save_distributed_checkpoint = save_distributed_checkpoint
         self._mesh: DeviceMesh | None = None
 
-    @classmethod
-    def from_plan(cls, plan: Plan) -> ModelParallelStrategy:
-        strategy = cls(**dict(plan.spec.options))  # type: ignore[arg-type]
-        strategy.complete(plan)
-        return strategy
-
-    def _place(self, plan: Plan) -> None:
-        super()._place(plan)
+    def _place(self, parts: Parts) -> None:
+        super()._place(parts)
         self._degrees()  # a split that does not fit the planned world fails at resolve
 
     def _degrees(self) -> MeshDegrees:

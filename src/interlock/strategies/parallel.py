@@ -10,25 +10,20 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 
-from interlock.connector.tables import ACCELERATOR_ROWS, LAUNCHER_ROWS
+from interlock.connector.tables import ACCELERATOR_ROWS
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.base import Strategy
 from interlock.strategies.collectives import Collective, TorchCollective
 from interlock.strategies.environments import ClusterEnvironment
 from interlock.strategies.io import CheckpointIO
-from interlock.strategies.launchers import (
-    ExternalLauncher,
-    Launcher,
-    MultiProcessingLauncher,
-    SubprocessScriptLauncher,
-)
+from interlock.strategies.launchers import Launcher, launcher_for
 from interlock.strategies.launchers.base import RANK0_SERVES_ENV, RENDEZVOUS_ENV
 from interlock.strategies.launchers.rendezvous import connect_store
 from interlock.strategies.precision import Precision
 from interlock.strategies.uneven import ReturnWatch
 
 if TYPE_CHECKING:
-    from interlock.connector.planner import Plan
+    from interlock.strategies.parts import Parts
 
 #: Process-group timeout unless the strategy is given one: long enough for slow
 #: checkpoints, finite so that a rank that never arrives becomes an error, not a hang.
@@ -119,44 +114,19 @@ class ParallelStrategy(Strategy):
         self._exported: dict[str, str | None] | None = None
         self._return_watch: ReturnWatch | None = None
 
-    def _place(self, plan: Plan) -> None:
+    def _place(self, parts: Parts) -> None:
         # what the constructor was not given follows the (latest) plan
         if "devices" not in self._given:
-            self.parallel_devices = [torch.device(d) for d in plan.parallel_devices]
+            self.parallel_devices = list(parts.parallel_devices)
         if "num_nodes" not in self._given:
-            self.num_nodes = plan.num_nodes
+            self.num_nodes = parts.num_nodes
 
-    def _launcher_name(self) -> str:
-        """The launcher table's name for how this strategy starts its processes: the
-        plan's, else the script launcher."""
-        if self.plan is not None and self.plan.launcher is not None:
-            return self.plan.launcher
+    def _unplanned_launcher(self) -> str | None:
         return "subprocess"
 
-    def _make_launcher(self) -> Launcher:
-        from interlock.strategies.launchers import history as launch_history
-
-        cluster = self.cluster_environment
-        name = self._launcher_name()
-        if name in ("subprocess", "external") and launch_history.is_script_child():
-            # a rank the script launcher started by re-running the script, whatever this
-            # copy of the script planned: it runs the launch it was started for, then exits
-            return SubprocessScriptLauncher(num_processes=self.num_processes)
-        if name == "external" or cluster.creates_processes_externally:
-            # someone else started this process (a cluster, another launcher, or one of
-            # interlock's own): whatever launcher the strategy would use, never again
-            return ExternalLauncher()
-        where: dict[str, Any] = {
-            "num_processes": self.num_processes,
-            "node_rank": cluster.node_rank(),
-            "num_nodes": self.num_nodes,
-            "main_address": cluster.main_address,
-            "main_port": cluster.main_port,
-        }
-        if name == "subprocess":
-            return SubprocessScriptLauncher(**where)
-        start_method = LAUNCHER_ROWS[name].start_method
-        return MultiProcessingLauncher(start_method=str(start_method), **where)
+    def _make_launcher(self) -> Launcher | None:
+        return launcher_for(self._launcher_name(), num_processes=self.num_processes,
+                            num_nodes=self.num_nodes, cluster=self.cluster_environment)
 
     @property
     def collective(self) -> Collective:
@@ -249,8 +219,8 @@ class ParallelStrategy(Strategy):
                 else:
                     os.environ[key] = old
             self._exported = None
-        if self._cluster is not None:
-            self._cluster.teardown()
+        if self._cluster_environment is not None:
+            self._cluster_environment.teardown()
         super().teardown()
 
 

@@ -14,7 +14,7 @@ from interlock.strategies.io import CheckpointIO
 from interlock.strategies.precision import Precision
 
 if TYPE_CHECKING:
-    from interlock.connector.planner import Plan
+    from interlock.strategies.parts import Parts
 
 
 class SingleDeviceStrategy(Strategy):
@@ -38,15 +38,9 @@ class SingleDeviceStrategy(Strategy):
             self._given["devices"] = (str(self._device),)
         self._collective = SingleDeviceCollective()
 
-    @classmethod
-    def from_plan(cls, plan: Plan) -> SingleDeviceStrategy:
-        strategy = cls()
-        strategy.complete(plan)
-        return strategy
-
-    def _place(self, plan: Plan) -> None:
-        if self._device is None:
-            self._device = torch.device(plan.parallel_devices[0])
+    def _place(self, parts: Parts) -> None:
+        if "devices" not in self._given:
+            self._device = parts.parallel_devices[0]
 
     @property
     def root_device(self) -> torch.device:

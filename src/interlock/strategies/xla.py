@@ -11,7 +11,7 @@ import datetime
 import pickle
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from torch import nn
@@ -24,14 +24,9 @@ from interlock.strategies.checkpointing import PRECISION_KEY, missing_entries
 from interlock.strategies.collectives import Collective, SingleDeviceCollective, TorchCollective
 from interlock.strategies.environments import ClusterEnvironment
 from interlock.strategies.io import CheckpointIO, CheckpointLoadError
-from interlock.strategies.io.xla_io import XLACheckpointIO
-from interlock.strategies.launchers import Launcher, XLALauncher
 from interlock.strategies.launchers.xla import torch_xla_environment
 from interlock.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 from interlock.strategies.precision import Precision
-
-if TYPE_CHECKING:
-    from interlock.connector.planner import Plan
 
 T = TypeVar("T")
 
@@ -97,6 +92,7 @@ class SingleDeviceXLAStrategy(Strategy):
     """One process on one XLA device (torch_xla picks which)."""
 
     registry_name: ClassVar[str] = "single_xla"
+    _unplanned_checkpoint_io: ClassVar[str] = "xla"
 
     def __init__(self, *, accelerator: Accelerator | None = None,
                  precision: Precision | None = None,
@@ -104,17 +100,11 @@ class SingleDeviceXLAStrategy(Strategy):
                  cluster_environment: ClusterEnvironment | None = None,
                  debug: bool = False) -> None:
         super().__init__(accelerator=accelerator, precision=precision,
-                         checkpoint_io=checkpoint_io or XLACheckpointIO(),
+                         checkpoint_io=checkpoint_io,
                          cluster_environment=cluster_environment)
         self.debug = debug
         self._device: torch.device | None = None
         self._collective = SingleDeviceCollective()
-
-    @classmethod
-    def from_plan(cls, plan: Plan) -> SingleDeviceXLAStrategy:
-        strategy = cls(**dict(plan.spec.options))  # type: ignore[arg-type]
-        strategy.complete(plan)
-        return strategy
 
     @property
     def root_device(self) -> torch.device:
@@ -149,6 +139,7 @@ class XLAStrategy(ParallelStrategy):
     """
 
     registry_name: ClassVar[str] = "xla"
+    _unplanned_checkpoint_io: ClassVar[str] = "xla"
 
     def __init__(self, *, accelerator: Accelerator | None = None,
                  parallel_devices: Sequence[torch.device | str] | None = None,
@@ -158,7 +149,7 @@ class XLAStrategy(ParallelStrategy):
                  debug: bool = False, sync_module_states: bool = True,
                  timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> None:
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
-                         precision=precision, checkpoint_io=checkpoint_io or XLACheckpointIO(),
+                         precision=precision, checkpoint_io=checkpoint_io,
                          cluster_environment=cluster_environment, backend="xla",
                          timeout=timeout)
         self.debug = debug
@@ -166,14 +157,8 @@ class XLAStrategy(ParallelStrategy):
         self._device: torch.device | None = None
         self._collective = XLACollective()
 
-    @classmethod
-    def from_plan(cls, plan: Plan) -> XLAStrategy:
-        strategy = cls(**dict(plan.spec.options))  # type: ignore[arg-type]
-        strategy.complete(plan)
-        return strategy
-
-    def _make_launcher(self) -> Launcher:
-        return XLALauncher(num_processes=self.num_processes)
+    def _unplanned_launcher(self) -> str | None:
+        return "xla"
 
     @property
     def root_device(self) -> torch.device:
@@ -226,6 +211,7 @@ class XLAFSDPStrategy(ParallelStrategy):
     """
 
     registry_name: ClassVar[str] = "xla_fsdp"
+    _unplanned_checkpoint_io: ClassVar[str] = "xla"
 
     def __init__(self, *, accelerator: Accelerator | None = None,
                  parallel_devices: Sequence[torch.device | str] | None = None,
@@ -236,21 +222,15 @@ class XLAFSDPStrategy(ParallelStrategy):
                  timeout: datetime.timedelta = DEFAULT_TIMEOUT,
                  **fsdp_kwargs: Any) -> None:
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
-                         precision=precision, checkpoint_io=checkpoint_io or XLACheckpointIO(),
+                         precision=precision, checkpoint_io=checkpoint_io,
                          cluster_environment=cluster_environment, backend="xla",
                          timeout=timeout)
         self.fsdp_kwargs = {"auto_wrap_policy": auto_wrap_policy, **fsdp_kwargs}
         self._device: torch.device | None = None
         self._collective = XLACollective()
 
-    @classmethod
-    def from_plan(cls, plan: Plan) -> XLAFSDPStrategy:
-        strategy = cls(**dict(plan.spec.options))  # type: ignore[arg-type]
-        strategy.complete(plan)
-        return strategy
-
-    def _make_launcher(self) -> Launcher:
-        return XLALauncher(num_processes=self.num_processes)
+    def _unplanned_launcher(self) -> str | None:
+        return "xla"
 
     @property
     def root_device(self) -> torch.device:

@@ -9,7 +9,7 @@ import os
 import pickle
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -71,6 +71,9 @@ class TorchCheckpointIO(CheckpointIO):
     explicitly: checkpoints of tensors, plain containers and numbers load, while a file
     that would run code on unpickling is refused with :class:`CheckpointLoadError`.
     """
+
+    #: the name a Plan gives this checkpoint IO (``Plan.checkpoint_io``)
+    name: ClassVar[str] = "torch"
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: PathLike) -> None:
         target = Path(path)

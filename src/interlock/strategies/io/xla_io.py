@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from interlock.strategies.io.base import PathLike
 from interlock.strategies.io.torch_io import TorchCheckpointIO
@@ -13,6 +13,8 @@ class XLACheckpointIO(TorchCheckpointIO):
     """Runs the pending XLA graph, copies every tensor to the CPU, and then writes the
     file exactly as :class:`TorchCheckpointIO` does (atomically; loadable without
     torch_xla)."""
+
+    name: ClassVar[str] = "xla"
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: PathLike) -> None:
         import torch_xla.core.xla_model as xm
