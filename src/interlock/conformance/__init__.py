@@ -7,6 +7,6 @@ each check guarantees.
 
 from __future__ import annotations
 
-from interlock.conformance.checks import CHECKS, Check
+from interlock.conformance.table import CHECKS, Check
 
 __all__ = ["CHECKS", "Check"]

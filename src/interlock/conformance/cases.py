@@ -11,8 +11,10 @@ import importlib.util
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from interlock.conformance.checks import ANY_PRECISION, CHECKS
+from interlock.conformance.checks import ANY_PRECISION
 from interlock.conformance.options import SuiteOptions
+from interlock.conformance.runners import RUNNERS, available_runners, runner_devices
+from interlock.conformance.table import CHECKS, InPytest
 from interlock.connector.registry import (
     EntryPointStatus,
     broken_entry_points,
@@ -20,9 +22,6 @@ from interlock.connector.registry import (
 )
 from interlock.connector.specs import StrategySpec
 from interlock.connector.tables import ACCELERATOR_ROWS, INSTALL_HINTS, PRECISION_ROWS
-
-#: runner name -> the accelerator it runs strategies on
-RUNNERS: dict[str, str] = {"cpu": "cpu", "cuda": "cuda", "tpu": "xla"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,27 +45,6 @@ class Case:
     def group(self) -> str:
         """Cases that share one driver launch."""
         return f"{self.strategy}-{self.runner}-w{self.world_size}"
-
-
-def runner_devices(runner: str) -> tuple[int, str | None]:
-    """How many devices the runner has here, and why it cannot run when it has none."""
-    if runner == "cpu":
-        return 1 << 10, None  # processes, not devices, bound the CPU runner
-    if runner == "cuda":
-        import torch
-
-        count = torch.cuda.device_count()
-        return count, None if count else "this machine has no CUDA devices"
-    if importlib.util.find_spec("torch_xla") is None:
-        return 0, "torch_xla is not installed, so there is no TPU runner here"
-    from interlock.connector.machine import Machine
-
-    count = Machine.probe().xla_devices
-    return count, None if count else "this machine has no XLA devices"
-
-
-def available_runners() -> list[str]:
-    return [r for r in RUNNERS if runner_devices(r)[1] is None]
 
 
 def resolve_strategies(names: Iterable[str]) -> list[StrategySpec]:
@@ -137,9 +115,12 @@ def cases_for(spec: StrategySpec, runner: str, world_sizes: Sequence[int],
     devices, unavailable = runner_devices(runner)
     if unavailable is None and accelerator in spec.accelerators:
         unavailable = missing_packages(spec)
-    out = [Case(spec.name, runner, None, ANY_PRECISION, "declaration",
+    # checks that launch nothing: once per runner, skipped where the strategy does not
+    # run on the runner's accelerator
+    out = [Case(spec.name, runner, None, ANY_PRECISION, check.id,
                 skip=None if accelerator in spec.accelerators else
-                f"{spec.name} does not declare the {accelerator} accelerator")]
+                f"{spec.name} does not declare the {accelerator} accelerator")
+           for check in CHECKS if isinstance(check.runs, InPytest)]
     precisions = precisions_for(spec, runner, only_precisions, include_unavailable=True)
     for world_size in world_sizes:
         skip = unavailable
@@ -158,9 +139,9 @@ def cases_for(spec: StrategySpec, runner: str, world_sizes: Sequence[int],
         if skip is None and precisions and all(precision_unavailable(p) for p in precisions):
             skip = precision_unavailable(precisions[0])
         for check in CHECKS:
-            if check.where == "declaration":
+            if isinstance(check.runs, InPytest):
                 continue
-            labels = precisions if check.where == "rank" else [ANY_PRECISION]
+            labels = precisions if check.per_precision else [ANY_PRECISION]
             for precision in labels or [ANY_PRECISION]:
                 why = skip or (None if precision == ANY_PRECISION
                                else precision_unavailable(precision))
@@ -217,8 +198,10 @@ def select(options: SuiteOptions) -> Selection:
             else:
                 not_here[spec.name] = why
     names = list(options.strategies)
-    broken = [Case(ep.name, r, None, ANY_PRECISION, "declaration")
-              for ep in broken_entry_points_asked(names) for r in runners]
+    # a broken entry point fails the checks that launch nothing, under its own name
+    broken = [Case(ep.name, r, None, ANY_PRECISION, check.id)
+              for ep in broken_entry_points_asked(names) for r in runners
+              for check in CHECKS if isinstance(check.runs, InPytest)]
     cases = broken + [case for spec in chosen for r in runners
                       for case in cases_for(spec, r, options.world_sizes, options.precisions)]
     declared = frozenset((s.name, r) for s in chosen for r in runners

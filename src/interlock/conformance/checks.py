@@ -1,9 +1,10 @@
-"""The conformance checks: what each one guarantees, and the code that runs in the ranks.
+"""The checks that run inside the ranks, and what every check raises.
 
 A check raises :class:`CheckFailed` with a message that explains itself without this
 source, or :class:`CheckSkipped` with the reason it does not apply. Checks that run in
-the ranks get a :class:`RankContext`; the driver's and the declaration's run elsewhere
-(``driver.py``, ``declaration.py``) and are only described here.
+the ranks get a :class:`RankContext`; the launching process's run in
+``launch_checks.py`` and the declaration's in ``declaration.py``. Which checks exist,
+where each runs, when it applies and what it guarantees is said once, in ``table.py``.
 """
 
 from __future__ import annotations
@@ -44,118 +45,6 @@ class CheckFailed(AssertionError):
 
 class CheckSkipped(Exception):
     """The check does not apply here (the reason says why)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Check:
-    """One conformance check.
-
-    Attributes:
-        id: stable name, part of every test id and report record.
-        where: ``"declaration"`` (the pytest process), ``"rank"`` (inside every rank,
-            once per precision), ``"rank-once"`` (inside every rank, once per launch),
-            ``"rank-last"`` (inside every rank, once per launch, after every other rank
-            check and with no barrier after it: it ends the strategy) or ``"driver"``
-            (the launching process, around the launches).
-        needs: the capability a strategy must declare for the check to apply.
-        guarantees: what passing it means, for the docs and failure messages.
-    """
-
-    id: str
-    where: str
-    guarantees: str
-    needs: str | None = None
-
-
-#: Every check of the suite, in report order (``docs/conformance.md`` lists them with
-#: what each guarantees).
-CHECKS: tuple[Check, ...] = (
-    Check(id="declaration", where="declaration",
-          guarantees="the spec is well-formed; the class implements the Strategy API with "
-          "compatible signatures; plan() accepts every declared (accelerator, precision) on "
-          "this runner and refuses undeclared precisions with a ResolutionError"),
-    Check(id="lifecycle", where="rank-once",
-          guarantees="ranks 0..W-1 each run exactly once; exactly rank 0 is global zero; "
-          "world_size, local_rank and node_rank agree with the cluster environment; "
-          "root_device is on the runner's accelerator"),
-    Check(id="collectives", where="rank-once",
-          guarantees="all_reduce (sum, mean, max, min) on float, int, scalar and "
-          "non-contiguous tensors, all_gather in rank order, broadcast of tensors and "
-          "objects, barrier and reduce_boolean_decision equal a single-process reference, "
-          "on the root device, without changing their inputs"),
-    Check(id="training_parity", where="rank",
-          guarantees="K optimizer steps on each rank's share of the batches equal K steps "
-          "of one plain process on the full batches (assert_close, per-precision "
-          "tolerance)"),
-    Check(id="accumulation_parity", where="rank", needs="accumulation",
-          guarantees="micro-batches accumulated under no_backward_sync, then one "
-          "synchronised backward, equal the large-batch baseline"),
-    Check(id="precision_dtypes", where="rank",
-          guarantees="parameters, activations and gradients have the precision's dtypes; "
-          "outputs come back in the table's output dtype (the caller's default dtype, "
-          "float64 for 64-true)"),
-    Check(id="scaler_skip", where="rank",
-          guarantees="with 16-mixed, an inf loss on one rank makes every rank skip the "
-          "step and halve the scale; the next step is taken"),
-    Check(id="checkpoint_round_trip", where="rank",
-          guarantees="save, then load into a freshly completed strategy with a fresh model "
-          "and optimizer, restores parameters, optimizer state, the precision's state and "
-          "plain values exactly"),
-    Check(id="init_contexts", where="rank",
-          guarantees="module_init_context (empty_init False and True) and "
-          "tensor_init_context give the root device and the precision's dtype; under "
-          "empty init a non-persistent buffer keeps the value __init__ computed"),
-    Check(id="launch_arguments", where="rank-once",
-          guarantees="a module passed to launch() as an argument (not built in the "
-          "ranks) trains on private parameters in every rank, whatever the launcher: "
-          "K steps equal one plain process; the caller's module is left out of shared "
-          "memory, and unchanged when no rank runs in the calling process"),
-    Check(id="same_start", where="rank-once",
-          guarantees="ranks that build the model from different seeds start from one "
-          "set of weights after setup_module: rank 0's"),
-    Check(id="lr_scheduler", where="rank-once",
-          guarantees="a learning-rate scheduler created over an optimizer before "
-          "setup_module_and_optimizers drives the optimizer the strategy steps"),
-    Check(id="clipping", where="rank", needs="clipping",
-          guarantees="with one optimizer per submodule, clip_gradients_norm for each "
-          "optimizer returns the norm of that optimizer's (unscaled) gradients only, "
-          "equal to one plain process's"),
-    Check(id="interrupted_save", where="rank-once",
-          guarantees="a save that fails midway leaves the previous checkpoint loadable and "
-          "unchanged (checked at world size 1)"),
-    Check(id="data_loading", where="rank-once",
-          guarantees="setup_dataloader shares a dataset out over the data-parallel ranks: "
-          "for training every rank gets the same number of batches and together they "
-          "cover the dataset; with evaluation=True every sample is seen exactly once; "
-          "ranks of one data-parallel replica get the same batches; batches arrive on "
-          "the root device"),
-    Check(id="rank_zero_print", where="rank-once",
-          guarantees="strategy.print writes on global rank 0 only"),
-    Check(id="load_refusal", where="rank-once",
-          guarantees="load_checkpoint asked for an entry the checkpoint does not have "
-          "raises on every rank before restoring anything: parameters, optimizer state "
-          "and plain values are left as they were"),
-    Check(id="teardown", where="rank-last",
-          guarantees="teardown() releases the process group setup_environment created "
-          "and is safe to call twice (the launcher then calls it once more)"),
-    Check(id="launch_result", where="driver",
-          guarantees="launch returns rank 0's result (each rank's function returns a "
-          "different value)"),
-    Check(id="relaunch", where="driver",
-          guarantees="after launch returns, no process group, environment variable or "
-          "worker is left behind, and a second launch in the same process works"),
-    Check(id="failure_propagation", where="driver",
-          guarantees="a rank that raises makes launch raise within a bounded time, naming "
-          "that rank, with no worker process left alive"),
-    Check(id="collective_timeout", where="driver", needs="timeout",
-          guarantees="a rank that never reaches a collective produces a timeout error "
-          "within the strategy's timeout instead of a hang"),
-    Check(id="resharding", where="driver", needs="resharding",
-          guarantees="a checkpoint saved at world size 2 loads at world size 1 with the "
-          "same parameters and optimizer state"),
-)
-CHECK_IDS: tuple[str, ...] = tuple(c.id for c in CHECKS)
-CHECKS_BY_ID: dict[str, Check] = {c.id: c for c in CHECKS}
 
 
 @dataclass(kw_only=True)
@@ -442,9 +331,8 @@ def check_precision_dtypes(ctx: RankContext) -> None:
 
 
 def check_scaler_skip(ctx: RankContext) -> None:
+    """Run for precisions with a loss scaler only (the table's ``loss_scaler``)."""
     e = Expect()
-    if not PRECISION_ROWS[ctx.precision].scaler:
-        raise CheckSkipped(f"{ctx.precision} uses no loss scaler")
     s = ctx.strategy
     module, opt = _setup(ctx, reference.model())
     before = _params(module)
@@ -551,10 +439,8 @@ def check_init_contexts(ctx: RankContext) -> None:
 
 
 def check_interrupted_save(ctx: RankContext) -> None:
+    """Run at world size 1 only (the table's ``world_sizes``)."""
     e = Expect()
-    if ctx.world_size != 1:
-        raise CheckSkipped("runs at world size 1, where a failing save cannot strand ranks "
-                           "waiting in its barrier")
     s = ctx.strategy
     path = ctx.workdir / "interrupted.ckpt"
     module, opt = _setup(ctx, reference.model())
@@ -800,30 +686,3 @@ def check_teardown(ctx: RankContext) -> None:
                             "group still exists")
     if problems:
         raise CheckFailed(f"rank {rank}: " + "; ".join(problems))
-
-
-RANK_CHECKS: dict[str, Callable[[RankContext], None]] = {
-    "lifecycle": check_lifecycle,
-    "collectives": check_collectives,
-    "training_parity": check_training_parity,
-    "accumulation_parity": check_accumulation_parity,
-    "precision_dtypes": check_precision_dtypes,
-    "scaler_skip": check_scaler_skip,
-    "checkpoint_round_trip": check_checkpoint_round_trip,
-    "init_contexts": check_init_contexts,
-    "launch_arguments": check_launch_arguments,
-    "same_start": check_same_start,
-    "lr_scheduler": check_lr_scheduler,
-    "clipping": check_clipping,
-    "interrupted_save": check_interrupted_save,
-    "data_loading": check_data_loading,
-    "rank_zero_print": check_rank_zero_print,
-    "load_refusal": check_load_refusal,
-}
-#: checks that end the strategy: run in every rank after every other rank check, with
-#: no barrier after them (they release the process group a barrier would need)
-LAST_RANK_CHECKS: dict[str, Callable[[RankContext], None]] = {
-    "teardown": check_teardown,
-}
-
-

@@ -5,16 +5,14 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from typeguard import TypeCheckError, check_type
-
-from interlock.conformance.cases import RUNNERS
 from interlock.conformance.checks import CheckFailed
+from interlock.conformance.runners import RUNNERS
 from interlock.connector.errors import ResolutionError
-from interlock.connector.machine import OPTIONAL_PACKAGES, Machine
+from interlock.connector.machine import Machine
 from interlock.connector.planner import check_options, load_factory, plan
 from interlock.connector.registry import broken_entry_points, strategy_specs
 from interlock.connector.specs import spec_problems
-from interlock.connector.tables import ACCELERATOR_ROWS, PRECISION_NAMES
+from interlock.connector.tables import ACCELERATOR_ROWS, OPTIONAL_PACKAGES, PRECISION_NAMES
 
 
 def runner_machine(runner: str, requires: tuple[str, ...]) -> Machine:
@@ -62,7 +60,11 @@ def api_problems(cls: type) -> list[str]:
 
 def _typed(strategy: Any) -> list[str]:
     """Runtime type checks of what a built (not yet set up) strategy returns."""
+    # imported here, not with the module: the suite's pytest plugin imports the check
+    # table (and so this module) while pytest still starts, and typeguard imported then
+    # makes pytest warn that it cannot rewrite typeguard's own pytest plugin
     import torch
+    from typeguard import TypeCheckError, check_type
 
     from interlock.strategies.accelerators import Accelerator
     from interlock.strategies.collectives import Collective

@@ -16,8 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from interlock.conformance.runners import RUNNERS
+
 #: runner names the options accept (``auto``: every runner this machine has)
-RUNNER_CHOICES: tuple[str, ...] = ("auto", "cpu", "cuda", "tpu")
+RUNNER_CHOICES: tuple[str, ...] = ("auto", *RUNNERS)
 #: the largest world size the suite launches: every rank is a process on one machine
 MAX_WORLD_SIZE = 64
 #: pytest-xdist workers at most (each runs one driver launch at a time)

@@ -89,7 +89,8 @@ class SuiteState:
         return found
 
     def _drive(self, case: Case) -> dict[tuple[str, str], dict[str, str]]:
-        from interlock.conformance.cases import RUNNERS, precisions_for, resolve_strategies
+        from interlock.conformance.cases import precisions_for, resolve_strategies
+        from interlock.conformance.runners import RUNNERS
 
         spec = resolve_strategies([case.strategy])[0]
         precisions = precisions_for(spec, case.runner, self.options.precisions)

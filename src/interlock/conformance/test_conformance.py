@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from interlock.conformance.cases import Case
-from interlock.conformance.declaration import check_declaration
 from interlock.conformance.plugin import suite_state
+from interlock.conformance.table import CHECKS_BY_ID, InPytest
 
 
 def _cases(config: pytest.Config) -> list[Case]:
@@ -30,8 +30,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def test_conformance(case: Case, request: pytest.FixtureRequest) -> None:
     if case.skip is not None:
         pytest.skip(case.skip)
-    if case.check == "declaration":
-        check_declaration(case.strategy, case.runner)
+    runs = CHECKS_BY_ID[case.check].runs
+    if isinstance(runs, InPytest):  # nothing to launch: it runs here
+        runs.run(case.strategy, case.runner)
         return
     state = suite_state(request.config)
     assert state is not None, "the interlock plugin is not active"

@@ -1,0 +1,292 @@
+"""The checks that run in the launching process, after the launch that ran the rank
+checks: what ``launch`` returns, launching again, a failing rank, a rank that never
+arrives, and a checkpoint loaded at another world size.
+
+Each takes a :class:`LaunchContext` and raises :class:`CheckFailed` or
+:class:`CheckSkipped` as the rank checks do. Several launch the strategy again, with
+one of the small functions below as every rank's work. Under the script launcher, the
+ranks of such a launch re-run the driver up to it, so the driver runs these checks in
+the table's order whatever happens, and decides whether each applies from the table
+alone.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from interlock.conformance import reference
+from interlock.conformance.checks import DRIVER_ENV, IN_DRIVER_MARK, CheckFailed, full
+from interlock.strategies.sharding import in_shared_memory
+
+if TYPE_CHECKING:
+    from interlock.connector.specs import StrategySpec
+
+#: how long failure propagation may take before the check fails
+FAILURE_BOUND_S = 60.0
+#: the process-group timeout the collective_timeout check sets: long enough for the
+#: ranks of a re-run script to start and meet, short enough to wait for
+TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchContext:
+    """What a check running in the launching process knows.
+
+    Attributes:
+        strategy: the strategy the rank checks were launched with.
+        spec: its spec.
+        world_size: the ranks each launch starts.
+        workdir: a directory for this launch's files.
+        resolve: a fresh strategy for (precision, world size), resolved as a user would.
+        returned: what the launch that ran the rank checks returned.
+        crash: what that launch raised, or None.
+        environ_before: the launching process's environment before that launch.
+        passed: the module passed to that launch as an argument (launch_arguments).
+        passed_before: its state before the launch.
+    """
+
+    strategy: Any
+    spec: StrategySpec
+    world_size: int
+    workdir: Path
+    resolve: Callable[[str, int], Any]
+    returned: Any = None
+    crash: str | None = None
+    environ_before: dict[str, str]
+    passed: torch.nn.Module
+    passed_before: dict[str, torch.Tensor]
+
+
+# ------------------------------------------------------------------ the checks
+
+
+def check_caller_module(ctx: LaunchContext) -> None:
+    """launch_arguments, in the launching process: launch() must not leave the caller's
+    module in shared memory, nor change it when no rank ran in this process (ranks in
+    new processes get copies; a rank running here trains the caller's object, as a
+    function call does)."""
+    problems = []
+    # a rank that ran here has set the caller's module up (sharded it, maybe)
+    in_driver = (ctx.workdir / IN_DRIVER_MARK).exists()
+    changed = [] if in_driver else [k for k, v in ctx.passed.state_dict().items()
+                                    if not torch.equal(v, ctx.passed_before[k])]
+    if changed:
+        problems.append(f"the caller's module changed during launch(): {changed}")
+    shared = [n for n, p in ctx.passed.named_parameters() if in_shared_memory(p)]
+    if shared:
+        problems.append(f"launch() left the caller's parameters {shared} in shared memory")
+    if problems:
+        raise CheckFailed("; ".join(problems))
+
+
+def check_launch_result(ctx: LaunchContext) -> None:
+    """launch must hand back rank 0's result: every rank's function returned its rank."""
+    if ctx.crash is not None:
+        raise CheckFailed(f"launch raised instead of returning rank 0's result: {ctx.crash}")
+    returned = ctx.returned
+    if isinstance(returned, int) and not isinstance(returned, bool) and returned == 0:
+        return
+    raise CheckFailed(f"each rank's function returned its global rank, and launch returned "
+                      f"{returned!r}; expected rank 0's result, 0")
+
+
+def check_relaunch(ctx: LaunchContext) -> None:
+    """Nothing is left behind by the first launch, and a second one works."""
+    import torch.distributed as dist
+
+    problems = []
+    if dist.is_initialized():
+        problems.append("a process group still exists in the launching process")
+    # torch's compiler stack sets its cache locations on first import: not the strategy's
+    changed = sorted(k for k in set(os.environ) | set(ctx.environ_before)
+                     if os.environ.get(k) != ctx.environ_before.get(k)
+                     and not k.startswith(("TORCHINDUCTOR_", "TRITON_")))
+    if changed:
+        problems.append(f"launch changed the launching process's environment: {changed}")
+    pid_dir = ctx.workdir / "pids-relaunch"
+    pid_dir.mkdir(exist_ok=True)
+    try:
+        ranks = ctx.strategy.launch(_places, str(pid_dir))
+        if sorted(ranks) != list(range(ctx.world_size)):
+            problems.append(f"the second launch ran ranks {ranks}")
+    except Exception as error:
+        problems.append(f"the second launch raised {type(error).__name__}: {error}")
+    if ctx.world_size > 1:
+        survivors = _wait_gone(pid_dir, 10)
+        if survivors:
+            problems.append(f"worker processes {survivors} outlived the second launch")
+    if problems:
+        raise CheckFailed("; ".join(problems))
+
+
+def check_failure_propagation(ctx: LaunchContext) -> None:
+    """A rank that raises makes launch raise, soon, naming it, with no survivor."""
+    pid_dir = ctx.workdir / "pids-failure"
+    pid_dir.mkdir(exist_ok=True)
+    started = time.monotonic()
+    try:
+        ctx.strategy.launch(_fail_on_last, str(pid_dir), ctx.world_size)
+    except Exception as error:
+        elapsed = time.monotonic() - started
+        text = str(error)
+        last = ctx.world_size - 1
+        problems = []
+        if f"rank {last}" not in text or "deliberate failure" not in text:
+            problems.append(f"the error does not name rank {last} and its exception: "
+                            f"{type(error).__name__}: {text[:500]}")
+        if elapsed > FAILURE_BOUND_S:
+            problems.append(f"it took {elapsed:.1f}s (bound {FAILURE_BOUND_S:.0f}s)")
+        survivors = _wait_gone(pid_dir, 10)
+        if survivors:
+            problems.append(f"worker processes {survivors} are still alive")
+        if problems:
+            raise CheckFailed("; ".join(problems)) from None
+        return
+    raise CheckFailed("a rank raised but launch returned normally")
+
+
+def check_collective_timeout(ctx: LaunchContext) -> None:
+    """A rank that never reaches a collective turns into an error, not a hang."""
+    strategy = ctx.strategy
+    if not hasattr(strategy, "timeout"):
+        raise CheckFailed("the strategy declares 'timeout' but has no timeout attribute")
+    strategy.timeout = datetime.timedelta(seconds=TIMEOUT_S)
+    pid_dir = ctx.workdir / "pids-timeout"
+    pid_dir.mkdir(exist_ok=True)
+    started = time.monotonic()
+    try:
+        strategy.launch(_never_arrives, str(pid_dir), ctx.world_size)
+    except Exception as error:
+        elapsed = time.monotonic() - started
+        bound = TIMEOUT_S + FAILURE_BOUND_S
+        survivors = _wait_gone(pid_dir, 10)
+        problems = []
+        arrived = len(list(pid_dir.glob("*.pid")))
+        if arrived < ctx.world_size:
+            problems.append(f"only {arrived} of {ctx.world_size} ranks got past setup, so "
+                            f"the error ({type(error).__name__}: {str(error)[:300]}) is not "
+                            "the collective's timeout")
+        if elapsed > bound:
+            problems.append(f"the error came after {elapsed:.1f}s, bound {bound:.0f}s")
+        if survivors:
+            problems.append(f"worker processes {survivors} are still alive")
+        if problems:
+            raise CheckFailed("; ".join(problems)) from None
+        return
+    raise CheckFailed("a rank never reached the barrier, yet launch returned normally")
+
+
+def check_resharding(ctx: LaunchContext) -> None:
+    """A checkpoint saved at world size 2 loads at world size 1, exactly."""
+    path = str(ctx.workdir / "reshard.ckpt")
+    try:
+        saved = ctx.resolve("32-true", 2).launch(_save_for_resharding, path)
+        loaded = ctx.resolve("32-true", 1).launch(_load_for_resharding, path)
+        for what, value in (("the save at world size 2", saved),
+                            ("the load at world size 1", loaded)):
+            # launch() must hand back rank 0's parameters: nothing to compare is a
+            # failure, not a pass
+            params = value.get("params") if isinstance(value, dict) else None
+            if not (isinstance(params, dict) and params
+                    and all(isinstance(v, torch.Tensor) for v in params.values())):
+                raise CheckFailed(f"{what} returned {type(value).__name__} through "
+                                  "launch(), not rank 0's parameters")
+        torch.testing.assert_close(loaded, saved, rtol=0, atol=0)
+    except Exception as error:
+        raise CheckFailed(f"saved at world size 2, loaded at 1: {type(error).__name__}: "
+                          f"{str(error)[:2000]}") from None
+
+
+# ------------------------------------------------------------------ what their ranks run
+
+
+def _places(strategy: Any, pid_dir: str) -> list[int]:
+    Path(pid_dir, f"{strategy.global_rank}.pid").write_text(str(os.getpid()))
+    ranks: list[int] = strategy.collective.all_gather_object(strategy.global_rank)
+    return ranks
+
+
+def _fail_on_last(strategy: Any, pid_dir: str, world_size: int) -> None:
+    Path(pid_dir, f"{strategy.global_rank}.pid").write_text(str(os.getpid()))
+    strategy.barrier()
+    if strategy.global_rank == world_size - 1:
+        raise RuntimeError(f"deliberate failure on rank {strategy.global_rank}")
+    strategy.barrier()
+    time.sleep(300)
+
+
+def _never_arrives(strategy: Any, pid_dir: str, world_size: int) -> None:
+    Path(pid_dir, f"{strategy.global_rank}.pid").write_text(str(os.getpid()))
+    if strategy.global_rank == world_size - 1:
+        time.sleep(300)
+    strategy.barrier()
+
+
+def _save_for_resharding(strategy: Any, path: str) -> dict[str, Any]:
+    net = reference.model()
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    module, (opt,) = strategy.setup_module_and_optimizers(net, [opt])
+    for step in range(2):
+        x, y = reference.batch(step)
+        share = x.chunk(strategy.data_parallel_size)[strategy.data_parallel_rank]
+        target = y.chunk(strategy.data_parallel_size)[strategy.data_parallel_rank]
+        x, y = strategy.batch_to_device((share, target))
+        strategy.backward(torch.nn.functional.mse_loss(module(x).float(), y), module)
+        strategy.optimizer_step(opt)
+        opt.zero_grad()
+    strategy.save_checkpoint(path, {"model": module, "optimizer": opt})
+    return {"params": full(module.state_dict()), "optimizer": full(opt.state_dict())}
+
+
+def _load_for_resharding(strategy: Any, path: str) -> dict[str, Any]:
+    net = reference.other_model()
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    module, (opt,) = strategy.setup_module_and_optimizers(net, [opt])
+    # Adam has no state until it steps: take one step so that state exists to load into
+    strategy.load_checkpoint(path, {"model": module, "optimizer": opt})
+    return {"params": full(module.state_dict()), "optimizer": full(opt.state_dict())}
+
+
+# ------------------------------------------------------------------ worker processes
+
+
+def _is_driver() -> bool:
+    """Whether this is the driver, not one of the ranks its script launcher re-ran
+    (those run the driver's code up to their own launch and exit there)."""
+    return os.environ.get(DRIVER_ENV) == str(os.getpid())
+
+
+def _alive(pid_dir: Path) -> list[int]:
+    """Rank processes that recorded their pid and still run (this process, which is
+    rank 0 under the script launcher, excepted)."""
+    alive = []
+    for file in pid_dir.glob("*.pid"):
+        pid = int(file.read_text())
+        if str(pid) == os.environ.get(DRIVER_ENV):
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        alive.append(pid)
+    return alive
+
+
+def _wait_gone(pid_dir: Path, seconds: float) -> list[int]:
+    if not _is_driver():
+        return []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        alive = _alive(pid_dir)
+        if not alive:
+            return []
+        time.sleep(0.1)
+    return _alive(pid_dir)

@@ -1,0 +1,301 @@
+"""The table of conformance checks: one row per check, and nothing else lists them.
+
+A row says where its check runs and with which function, what a strategy, precision or
+world size must offer for it to apply, and what passing it guarantees. The cases, the
+driver (rank checks and launch checks), the pytest items and the table in
+``docs/conformance.md`` (``python -m interlock.conformance.docs``) all read these rows.
+Check ids are public: test ids, skip and xfail files and reports name them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+from interlock.conformance import checks, launch_checks
+from interlock.conformance.checks import RankContext
+from interlock.conformance.declaration import check_declaration
+from interlock.conformance.launch_checks import LaunchContext
+from interlock.connector.tables import PRECISION_ROWS
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InPytest:
+    """Runs in the pytest process, once per (strategy, runner), launching nothing.
+
+    Attributes:
+        run: called with the strategy's name and the runner's.
+    """
+
+    run: Callable[[str, str], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InRanks:
+    """Runs inside every rank of the launch, on the strategy the launch set up.
+
+    Attributes:
+        run: called in every rank.
+        when: ``"each precision"`` (once per precision, the strategy re-completed for
+            each), ``"once"`` (once per launch) or ``"last"`` (once per launch, after
+            every other rank check and with no barrier after it: it ends the strategy).
+        then_in_driver: the launching process's half of the check, run after the
+            launch; what it raises fails the ranks' records of the check.
+    """
+
+    run: Callable[[RankContext], None]
+    when: Literal["each precision", "once", "last"]
+    then_in_driver: Callable[[LaunchContext], None] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InDriver:
+    """Runs in the launching process, after the launch that ran the rank checks.
+
+    Attributes:
+        run: called once per launch; it may launch the strategy again.
+    """
+
+    run: Callable[[LaunchContext], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorldSizes:
+    """The world sizes a check runs at.
+
+    Attributes:
+        least: the fewest ranks.
+        most: the most ranks, or None for no bound.
+        why: the skip reason at any other world size.
+    """
+
+    least: int = 1
+    most: int | None = None
+    why: str
+
+    def admit(self, world_size: int) -> bool:
+        """Whether the check runs at ``world_size``."""
+        return world_size >= self.least and (self.most is None or world_size <= self.most)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Check:
+    """One conformance check.
+
+    Attributes:
+        id: stable name, part of every test id and report record.
+        runs: where the check runs, and its function.
+        capability: what the strategy must declare (``StrategySpec.capabilities``) for
+            the check to apply.
+        loss_scaler: whether it applies only to precisions with a loss scaler (a rank
+            check that runs for each precision).
+        world_sizes: the world sizes it runs at, when not every one.
+        guarantees: what passing it means (Markdown, one line: docs/conformance.md).
+        why: why a strategy must (Markdown, one line: docs/conformance.md).
+    """
+
+    id: str
+    runs: InPytest | InRanks | InDriver
+    capability: str | None = None
+    loss_scaler: bool = False
+    world_sizes: WorldSizes | None = None
+    guarantees: str
+    why: str
+
+    def __post_init__(self) -> None:
+        if self.loss_scaler and not self.per_precision:
+            raise ValueError(f"check {self.id!r}: only a check that runs for each precision "
+                             "can depend on the precision's loss scaler")
+        if isinstance(self.runs, InPytest) and (self.capability or self.world_sizes):
+            raise ValueError(f"check {self.id!r}: a check that launches nothing cannot be "
+                             "gated by capability or world size")
+
+    @property
+    def per_precision(self) -> bool:
+        """Whether it runs, and is reported, once per precision."""
+        return isinstance(self.runs, InRanks) and self.runs.when == "each precision"
+
+
+def skip_reason(check: Check, *, capabilities: frozenset[str], precision: str | None,
+                world_size: int) -> str | None:
+    """Why ``check`` does not apply to a strategy declaring ``capabilities`` at
+    ``world_size`` (and ``precision``, for a check run once per precision), or None
+    when it does. The one place gating is decided, in the ranks and in the driver."""
+    if check.capability is not None and check.capability not in capabilities:
+        return f"the strategy does not declare {check.capability!r}"
+    if check.loss_scaler and precision is not None and not PRECISION_ROWS[precision].scaler:
+        return f"{precision} uses no loss scaler"
+    if check.world_sizes is not None and not check.world_sizes.admit(world_size):
+        return check.world_sizes.why
+    return None
+
+
+#: at least two ranks: a check about one rank's failure needs another that survives it
+TWO_OR_MORE = WorldSizes(least=2, why="needs at least 2 ranks")
+
+#: Every check of the suite, in report order (rank checks run in this order too).
+CHECKS: tuple[Check, ...] = (
+    Check(
+        id="declaration", runs=InPytest(run=check_declaration),
+        guarantees="the `StrategySpec` is well-formed; the class implements the Strategy "
+        "API and its overrides accept the base methods' parameters; the objects a built "
+        "strategy returns have the declared types (checked with typeguard); `plan()` "
+        "accepts every declared (accelerator, precision) on the runner and refuses "
+        "undeclared precisions; the factory takes every key of the spec's `options`. An "
+        "entry point that failed to load fails here, under its own name",
+        why="a table that lies is worse than none"),
+    Check(
+        id="lifecycle", runs=InRanks(run=checks.check_lifecycle, when="once"),
+        guarantees="ranks 0..W-1 each run exactly once, in distinct processes; only rank "
+        "0 is global zero; `world_size`, `local_rank`, `node_rank` agree with the cluster "
+        "environment; `root_device` is on the runner's accelerator (and distinct per rank "
+        "off the CPU)",
+        why="frameworks index data and devices by these"),
+    Check(
+        id="collectives", runs=InRanks(run=checks.check_collectives, when="once"),
+        guarantees="`all_reduce` (sum, mean, max, min) on float, int, scalar and "
+        "non-contiguous tensors; `all_gather` in rank order; `broadcast` of tensors and "
+        "objects; `barrier`; `reduce_boolean_decision` — all equal a single-process "
+        "reference, on the root device, inputs unchanged",
+        why="metrics and early stopping are built on them"),
+    Check(
+        id="training_parity",
+        runs=InRanks(run=checks.check_training_parity, when="each precision"),
+        guarantees="3 SGD-with-momentum steps (or the spec's `parity_steps`) on each "
+        "rank's share of the batches equal as many steps of one plain process on the full "
+        "batches (`assert_close`; float32's tolerance for `32-true`, half precision's "
+        "otherwise, widened by the spec's `parity_tolerance`)",
+        why="the only check that catches \"sums instead of averages\""),
+    Check(
+        id="accumulation_parity", capability="accumulation",
+        runs=InRanks(run=checks.check_accumulation_parity, when="each precision"),
+        guarantees="2 steps (or the spec's `parity_steps`) of 2 micro-batches under "
+        "`no_backward_sync`, then a synchronised backward, equal the large batches",
+        why="gradient accumulation must not change the maths"),
+    Check(
+        id="precision_dtypes",
+        runs=InRanks(run=checks.check_precision_dtypes, when="each precision"),
+        guarantees="stored parameters, first-layer activations and gradients have the "
+        "precision's dtypes (a strategy declaring `engine_gradients` must instead leave "
+        "`.grad` empty); outputs come back in the precision table's output dtype (the "
+        "caller's default dtype; float64 for `64-true`)",
+        why="mixed precision that silently runs in float32 is a bug, and so is `64-true` "
+        "that hands back float32"),
+    Check(
+        id="scaler_skip", loss_scaler=True,
+        runs=InRanks(run=checks.check_scaler_skip, when="each precision"),
+        guarantees="an inf loss on the last rank makes *every* rank skip the step and "
+        "halve the scale; the next step is taken",
+        why="a rank that steps while another skips diverges for ever"),
+    Check(
+        id="checkpoint_round_trip",
+        runs=InRanks(run=checks.check_checkpoint_round_trip, when="each precision"),
+        guarantees="save, then load into a freshly completed strategy with a new model and "
+        "optimizer, restores parameters, optimizer state, the precision's state (the "
+        "scaler) and plain values bit for bit",
+        why="resuming must continue, not restart"),
+    Check(
+        id="init_contexts",
+        runs=InRanks(run=checks.check_init_contexts, when="each precision"),
+        guarantees="`module_init_context(empty_init=False/True)` then `setup_module`, and "
+        "`tensor_init_context`, give the root device (CPU memory for a strategy declaring "
+        "`parameter_offload`) and the precision's dtype; under empty init a "
+        "non-persistent buffer keeps the value `__init__` computed",
+        why="large models are built in place"),
+    Check(
+        id="launch_arguments",
+        runs=InRanks(run=checks.check_launch_arguments, when="once",
+                     then_in_driver=launch_checks.check_caller_module),
+        guarantees="a module passed to `launch()` as an argument, not built in the ranks, "
+        "trains on private parameters in every rank: 3 steps (or the spec's "
+        "`parity_steps`) equal one plain process; the caller's module is left out of "
+        "shared memory, and unchanged when no rank runs in the calling process (the script "
+        "launcher's rank 0 trains the caller's object, as any function call would)",
+        why="torch's multiprocessing pickler shares CPU tensors: every rank would step one "
+        "set of parameters"),
+    Check(
+        id="same_start", runs=InRanks(run=checks.check_same_start, when="once"),
+        guarantees="ranks that build the model from different seeds hold rank 0's weights "
+        "after `setup_module`",
+        why="per-rank seeding must not give each rank (or each shard) its own model"),
+    Check(
+        id="lr_scheduler", runs=InRanks(run=checks.check_lr_scheduler, when="once"),
+        guarantees="a scheduler created over an optimizer before "
+        "`setup_module_and_optimizers` drives the optimizer the strategy steps",
+        why="an optimizer rebuilt behind the user's back leaves the scheduler stepping "
+        "nothing"),
+    Check(
+        id="clipping", capability="clipping",
+        runs=InRanks(run=checks.check_clipping, when="each precision"),
+        guarantees="with one optimizer per submodule, `clip_gradients_norm` for each "
+        "optimizer returns the norm of that optimizer's unscaled gradients only, equal to "
+        "one plain process's",
+        why="clipping all gradients per optimizer lets still-scaled gradients zero another "
+        "layer's update"),
+    Check(
+        id="interrupted_save",
+        runs=InRanks(run=checks.check_interrupted_save, when="once"),
+        world_sizes=WorldSizes(least=1, most=1, why="runs at world size 1, where a failing "
+                               "save cannot strand ranks waiting in its barrier"),
+        guarantees="a save that fails midway leaves the previous checkpoint loadable and "
+        "unchanged",
+        why="a crash while saving must not cost the last good state"),
+    Check(
+        id="data_loading", runs=InRanks(run=checks.check_data_loading, when="once"),
+        guarantees="`setup_dataloader` shares a dataset out over the data-parallel ranks: "
+        "for training every rank gets the same number of batches (equal to `len()`) and "
+        "together they cover the dataset; with `evaluation=True` each sample is seen "
+        "exactly once; ranks of one replica get the same batches; batches arrive on the "
+        "root device",
+        why="uneven or overlapping shards bias the gradient and double-count metrics"),
+    Check(
+        id="rank_zero_print", runs=InRanks(run=checks.check_rank_zero_print, when="once"),
+        guarantees="`strategy.print` writes on global rank 0 only",
+        why="logs written W times hide the one that matters"),
+    Check(
+        id="load_refusal", runs=InRanks(run=checks.check_load_refusal, when="once"),
+        guarantees="`load_checkpoint` asked for an entry the checkpoint lacks raises "
+        "before restoring anything: parameters, optimizer state and plain values are left "
+        "as they were",
+        why="a half-restored state trains on silently"),
+    Check(
+        id="teardown", runs=InRanks(run=checks.check_teardown, when="last"),
+        guarantees="`teardown()` releases the process group `setup_environment` created "
+        "and is safe to call twice (the launcher then calls it once more)",
+        why="frameworks call teardown from several places (errors, callbacks, exit)"),
+    Check(
+        id="launch_result", runs=InDriver(run=launch_checks.check_launch_result),
+        guarantees="`launch` returns rank 0's result (every rank returns a different "
+        "value)",
+        why="the result is how a notebook gets its trained model back"),
+    Check(
+        id="relaunch", runs=InDriver(run=launch_checks.check_relaunch),
+        guarantees="after `launch` returns, the launching process has no process group, "
+        "no changed environment variable, no surviving worker; a second `launch` works",
+        why="notebooks and sweeps launch many times"),
+    Check(
+        id="failure_propagation", world_sizes=TWO_OR_MORE,
+        runs=InDriver(run=launch_checks.check_failure_propagation),
+        guarantees="a rank that raises makes `launch` raise within "
+        f"{launch_checks.FAILURE_BOUND_S:.0f} s, naming that rank and its exception, with "
+        "no worker left alive",
+        why="a dead rank must not leave the others hanging"),
+    Check(
+        id="collective_timeout", capability="timeout", world_sizes=TWO_OR_MORE,
+        runs=InDriver(run=launch_checks.check_collective_timeout),
+        guarantees="with the strategy's `timeout` set short, a rank that never reaches a "
+        "barrier turns into an error within that bound (all ranks got past setup first)",
+        why="a hang is the worst failure mode"),
+    Check(
+        id="resharding", capability="resharding",
+        world_sizes=WorldSizes(least=2, most=2,
+                               why="runs with world size 2 (saves at 2, loads at 1)"),
+        runs=InDriver(run=launch_checks.check_resharding),
+        guarantees="a checkpoint saved at world size 2 loads at world size 1 with the same "
+        "parameters and optimizer state; nothing brought back by `launch` is a failure",
+        why="jobs are resumed on other allocations"),
+)
+CHECK_IDS: tuple[str, ...] = tuple(c.id for c in CHECKS)
+CHECKS_BY_ID: Mapping[str, Check] = MappingProxyType({c.id: c for c in CHECKS})

@@ -1,0 +1,294 @@
+"""The check table is the suite's one list of checks: the docs page shows it as it is,
+every check function has exactly one row, every row is reached by the driver or the
+pytest items, and ids and skip reasons stay what reports and skip files name."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import json
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from interlock.conformance import checks, declaration, docs, driver, launch_checks, reference
+from interlock.conformance.cases import cases_for
+from interlock.conformance.runners import RUNNERS
+from interlock.conformance.table import (
+    CHECKS,
+    Check,
+    InDriver,
+    InPytest,
+    InRanks,
+    WorldSizes,
+    skip_reason,
+)
+from interlock.connector import registry
+from interlock.connector.registry import strategy_specs
+from interlock.connector.tables import ACCELERATORS, PRECISION_NAMES
+
+ROOT = Path(__file__).resolve().parents[2]
+#: the modules that hold check functions (``check_*``)
+CHECK_MODULES: tuple[ModuleType, ...] = (checks, launch_checks, declaration)
+
+
+def _functions(check: Check) -> list[Callable[..., None]]:
+    runs = check.runs
+    if isinstance(runs, InRanks) and runs.then_in_driver is not None:
+        return [runs.run, runs.then_in_driver]
+    return [runs.run]
+
+
+def test_the_committed_table_of_checks_is_current() -> None:
+    page = (ROOT / docs.CONFORMANCE_PATH).read_text(encoding="utf-8")
+    assert docs.with_checks_table(page) == page, (
+        "the table of checks in docs/conformance.md differs from "
+        "interlock/conformance/table.py: run `python -m interlock.conformance.docs` and "
+        "commit the result")
+
+
+def test_the_generator_rewrites_only_what_lies_between_the_markers(tmp_path: Path) -> None:
+    page = f"# Title\n\nhand-written\n\n{docs.BEGIN}\nold table\n{docs.END}\n\nmore text\n"
+    (tmp_path / "docs").mkdir()
+    (tmp_path / docs.CONFORMANCE_PATH).write_text(page, encoding="utf-8")
+    assert docs.main([str(tmp_path)]) == 0
+    written = (tmp_path / docs.CONFORMANCE_PATH).read_text(encoding="utf-8")
+    assert written.startswith("# Title\n\nhand-written\n\n" + docs.BEGIN)
+    assert written.endswith(docs.END + "\n\nmore text\n")
+    assert "old table" not in written
+    for check in CHECKS:
+        assert f"| `{check.id}` |" in written, f"{check.id} is missing from the table"
+    assert docs.main([str(tmp_path)]) == 0
+    assert (tmp_path / docs.CONFORMANCE_PATH).read_text(encoding="utf-8") == written
+
+
+def test_a_page_without_both_markers_is_refused() -> None:
+    for page in ("no markers", docs.BEGIN, f"{docs.END}\n{docs.BEGIN}"):
+        with pytest.raises(ValueError, match="around the table of checks"):
+            docs.with_checks_table(page)
+
+
+def test_every_check_function_is_declared_exactly_once() -> None:
+    defined = {fn for module in CHECK_MODULES
+               for name, fn in inspect.getmembers(module, inspect.isfunction)
+               if name.startswith("check_") and fn.__module__ == module.__name__}
+    declared = Counter(fn for check in CHECKS for fn in _functions(check))
+    twice = sorted(fn.__name__ for fn, count in declared.items() if count > 1)
+    assert not twice, f"check functions in more than one row of the table: {twice}"
+    undeclared = sorted(f"{fn.__module__}.{fn.__name__}" for fn in defined - set(declared))
+    assert not undeclared, f"check functions no row of the table declares: {undeclared}"
+    stray = sorted(f"{fn.__module__}.{fn.__name__}" for fn in set(declared) - defined)
+    assert not stray, f"rows whose function is not a check_* of {CHECK_MODULES}: {stray}"
+
+
+def test_check_ids_are_unique_and_those_the_committed_reports_name() -> None:
+    ids = [check.id for check in CHECKS]
+    assert len(ids) == len(set(ids)), f"ids declared twice: {Counter(ids).most_common(3)}"
+    for path in sorted((ROOT / "docs").glob("conformance-report*.json")):
+        named = {r["check"] for r in json.loads(path.read_text())["records"]}
+        assert named == set(ids), (
+            f"{path.name} names checks {sorted(named - set(ids))} that the table lacks, "
+            f"and lacks {sorted(set(ids) - named)}: check ids are public, keep them")
+
+
+def test_runners_come_from_the_accelerator_table() -> None:
+    assert dict(RUNNERS) == {row.runner: row.name for row in ACCELERATORS if row.runner}
+    assert dict(RUNNERS) == {"cpu": "cpu", "cuda": "cuda", "tpu": "xla"}
+
+
+# ------------------------------------------------------------------ gating
+
+
+def test_skip_reasons_keep_their_wording() -> None:
+    by_id = {check.id: check for check in CHECKS}
+    everything = frozenset({"accumulation", "clipping", "timeout", "resharding"})
+
+    def why(check_id: str, capabilities: frozenset[str] = everything,
+            precision: str | None = None, world_size: int = 2) -> str | None:
+        return skip_reason(by_id[check_id], capabilities=capabilities,
+                           precision=precision, world_size=world_size)
+
+    assert why("accumulation_parity", frozenset()) == (
+        "the strategy does not declare 'accumulation'")
+    assert why("clipping", frozenset()) == "the strategy does not declare 'clipping'"
+    assert why("scaler_skip", precision="32-true") == "32-true uses no loss scaler"
+    assert why("scaler_skip", precision="16-mixed") is None
+    assert why("interrupted_save") == ("runs at world size 1, where a failing save "
+                                       "cannot strand ranks waiting in its barrier")
+    assert why("interrupted_save", world_size=1) is None
+    assert why("failure_propagation", world_size=1) == "needs at least 2 ranks"
+    # a missing capability is named before a world size that does not fit
+    assert why("collective_timeout", frozenset(), world_size=1) == (
+        "the strategy does not declare 'timeout'")
+    assert why("collective_timeout", world_size=1) == "needs at least 2 ranks"
+    assert why("resharding", frozenset(), world_size=1) == (
+        "the strategy does not declare 'resharding'")
+    assert why("resharding", world_size=4) == (
+        "runs with world size 2 (saves at 2, loads at 1)")
+    assert why("resharding") is None
+
+
+def test_every_check_applies_somewhere() -> None:
+    """No row is gated so that nothing could ever run it."""
+    capabilities = frozenset(c.capability for c in CHECKS if c.capability)
+    for check in CHECKS:
+        admitted = [(p, w) for p in PRECISION_NAMES for w in range(1, 5)
+                    if skip_reason(check, capabilities=capabilities,
+                                   precision=p if check.per_precision else None,
+                                   world_size=w) is None]
+        assert admitted, f"{check.id} applies at no precision and world size"
+
+
+def test_a_misdeclared_row_is_refused() -> None:
+    with pytest.raises(ValueError, match="loss scaler"):
+        Check(id="x", runs=InDriver(run=launch_checks.check_relaunch), loss_scaler=True,
+              guarantees="", why="")
+    with pytest.raises(ValueError, match="launches nothing"):
+        Check(id="x", runs=InPytest(run=declaration.check_declaration),
+              world_sizes=WorldSizes(least=2, why=""), guarantees="", why="")
+
+
+# ------------------------------------------------------------------ reachability
+
+
+def test_the_cases_list_every_check() -> None:
+    spec = strategy_specs()["ddp"]
+    listed = {case.check for case in cases_for(spec, "cpu", [1, 2])}
+    assert listed == {check.id for check in CHECKS}
+
+
+class _Strategy:
+    """Just what the rank loop touches outside the checks."""
+
+    global_rank = 0
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def barrier(self) -> None:
+        self.calls.append("barrier")
+
+    def complete(self, plan: Any) -> None:
+        self.calls.append(f"complete {plan.precision}")
+
+
+def _recording(calls: list[str]) -> tuple[Check, ...]:
+    """The table with every function replaced by one that records its check's id."""
+    def recorder(check_id: str) -> Callable[[Any], None]:
+        def record(ctx: Any) -> None:
+            precision = getattr(ctx, "precision", None)
+            calls.append(check_id if precision is None else f"{check_id} {precision}")
+        return record
+
+    rows = []
+    for check in CHECKS:
+        runs: InPytest | InRanks | InDriver = check.runs
+        if isinstance(runs, InRanks):
+            runs = dataclasses.replace(runs, run=recorder(check.id), then_in_driver=(
+                None if runs.then_in_driver is None else recorder(f"{check.id} driver")))
+        elif isinstance(runs, InDriver):
+            runs = dataclasses.replace(runs, run=recorder(check.id))
+        rows.append(dataclasses.replace(check, runs=runs))
+    return tuple(rows)
+
+
+def test_the_ranks_run_every_rank_check_in_table_order(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(driver, "CHECKS", _recording(calls))
+    # ddp as if it declared no capability: the gated checks are skipped
+    spec = dataclasses.replace(strategy_specs()["ddp"], capabilities=frozenset())
+    monkeypatch.setattr(registry, "strategy_specs", lambda: {"ddp": spec})
+    strategy = _Strategy()
+    precisions = ["32-true", "16-mixed"]
+    args = argparse.Namespace(strategy="ddp", accelerator="cpu", world_size=2)
+    assert driver.run_rank_checks(strategy, args, precisions, str(tmp_path)) == 0
+
+    expected: list[str] = []
+    for index, precision in enumerate(precisions):
+        for check in CHECKS:
+            if not isinstance(check.runs, InRanks) or check.runs.when == "last" or (
+                    check.runs.when == "once" and index):
+                continue
+            if skip_reason(check, capabilities=spec.capabilities,
+                           precision=precision if check.per_precision else None,
+                           world_size=2) is None:
+                expected.append(f"{check.id} {precision}")
+    expected += [f"{c.id} {precisions[-1]}" for c in CHECKS
+                 if isinstance(c.runs, InRanks) and c.runs.when == "last"]
+    assert calls == expected
+
+    records = [json.loads(line) for line in (tmp_path / "rank-0.jsonl").read_text().splitlines()
+               if json.loads(line)["status"] != "running"]
+    reported = {(r["precision"], r["check"]): r for r in records}
+    per_precision = [c.id for c in CHECKS if c.per_precision]
+    once = [c.id for c in CHECKS if isinstance(c.runs, InRanks) and not c.per_precision]
+    assert set(reported) == ({(p, c) for p in precisions for c in per_precision}
+                             | {("*", c) for c in once})
+    skipped = {key: r["message"] for key, r in reported.items() if r["status"] == "skipped"}
+    assert skipped == {
+        ("*", "interrupted_save"): "runs at world size 1, where a failing save cannot "
+                                   "strand ranks waiting in its barrier",
+        ("32-true", "scaler_skip"): "32-true uses no loss scaler",
+        **{(p, "accumulation_parity"): "the strategy does not declare 'accumulation'"
+           for p in precisions},
+        **{(p, "clipping"): "the strategy does not declare 'clipping'" for p in precisions},
+    }
+    # one barrier after each check but the last, and the strategy re-completed once
+    ran_before_last = len(records) - sum(
+        1 for c in CHECKS if isinstance(c.runs, InRanks) and c.runs.when == "last")
+    assert strategy.calls.count("barrier") == ran_before_last
+    assert "complete 16-mixed" in strategy.calls
+
+
+def test_the_driver_runs_every_launch_check_and_each_driver_half(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(driver, "CHECKS", _recording(calls))
+    spec = strategy_specs()["ddp"]
+    ctx = launch_checks.LaunchContext(
+        strategy=_Strategy(), spec=spec, world_size=2, workdir=tmp_path,
+        resolve=lambda precision, devices: None, environ_before={},
+        passed=reference.model(), passed_before={})
+    records = driver.run_driver_checks(ctx)
+    launch = [c.id for c in CHECKS if isinstance(c.runs, InDriver)]
+    assert calls == launch
+    assert [(r["check"], r["status"]) for r in records] == [(i, "passed") for i in launch]
+
+    calls.clear()
+    merged = [{"precision": "*", "check": c.id, "status": "passed", "message": ""}
+              for c in CHECKS if isinstance(c.runs, InRanks)]
+    driver._then_in_driver(merged, ctx)
+    assert calls == [f"{c.id} driver" for c in CHECKS
+                     if isinstance(c.runs, InRanks) and c.runs.then_in_driver]
+
+
+def test_a_driver_half_that_fails_fails_its_check_only(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(ctx: Any) -> None:
+        raise checks.CheckFailed("the caller's module changed")
+
+    rows = tuple(dataclasses.replace(c, runs=dataclasses.replace(c.runs, then_in_driver=refuse))
+                 if isinstance(c.runs, InRanks) and c.runs.then_in_driver else c
+                 for c in CHECKS)
+    monkeypatch.setattr(driver, "CHECKS", rows)
+    ctx = launch_checks.LaunchContext(
+        strategy=_Strategy(), spec=strategy_specs()["ddp"], world_size=2, workdir=tmp_path,
+        resolve=lambda precision, devices: None, environ_before={},
+        passed=reference.model(), passed_before={})
+    records = [{"precision": "*", "check": c.id, "status": "passed", "message": "rank 1: ok"}
+               for c in CHECKS if isinstance(c.runs, InRanks)]
+    driver._then_in_driver(records, ctx)
+    halves = {c.id for c in CHECKS if isinstance(c.runs, InRanks) and c.runs.then_in_driver}
+    for record in records:
+        if record["check"] in halves:
+            assert (record["status"], record["message"]) == (
+                "failed", "rank 1: ok; the caller's module changed")
+        else:
+            assert (record["status"], record["message"]) == ("passed", "rank 1: ok")
