@@ -1,4 +1,9 @@
-"""Render ``docs/rules.md`` from the stages and tables (never written by hand)."""
+"""Render ``docs/rules.md`` from the stages and tables (never written by hand).
+
+The page documents the built-in rows, read from the registries when it is rendered: a
+third-party row installed where it is rendered must not change the committed page (the
+strategy table lists the built-in strategies for the same reason).
+"""
 
 from __future__ import annotations
 
@@ -8,16 +13,17 @@ from pathlib import Path
 
 from interlock.connector.builtin import BUILTIN_STRATEGIES
 from interlock.connector.errors import BUILD_ERROR_CODES, ERROR_CODES
+from interlock.connector.parts_registry import (
+    ACCELERATOR_REGISTRY,
+    ENVIRONMENT_REGISTRY,
+    LAUNCHER_REGISTRY,
+    PRECISION_REGISTRY,
+)
 from interlock.connector.planner import STAGES
 from interlock.connector.tables import (
     ACCELERATOR_ALIASES,
     ACCELERATOR_CHOOSERS,
-    ACCELERATORS,
-    CLUSTERS,
-    LAUNCHERS,
     LEGACY_PRECISIONS,
-    PRECISION_NAMES,
-    PRECISIONS,
     WITHDRAWN_STRATEGIES,
 )
 
@@ -32,7 +38,7 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
 
 def _ordered(names: Iterable[str]) -> str:
     chosen = set(names)
-    return ", ".join(p for p in PRECISION_NAMES if p in chosen)
+    return ", ".join(p.name for p in PRECISION_REGISTRY.builtin if p.name in chosen)
 
 
 def render_rules_markdown() -> str:
@@ -76,7 +82,7 @@ def render_rules_markdown() -> str:
                     ", ".join(r.requires),
                     r.description,
                 )
-                for r in ACCELERATORS
+                for r in ACCELERATOR_REGISTRY.builtin
             ),
         )
     )
@@ -95,7 +101,7 @@ def render_rules_markdown() -> str:
             (
                 (f"`{r.name}`", r.param_dtype, r.compute_dtype, "yes" if r.scaler else "",
                  ", ".join(r.requires), r.description)
-                for r in PRECISIONS
+                for r in PRECISION_REGISTRY.builtin
             ),
         )
     )
@@ -140,7 +146,7 @@ def render_rules_markdown() -> str:
             (
                 (f"`{r.name}`", r.start_method or "", "yes" if r.interactive else "no",
                  "yes" if r.launches_single else "no", r.description)
-                for r in LAUNCHERS
+                for r in LAUNCHER_REGISTRY.builtin
             ),
         )
     )
@@ -158,7 +164,7 @@ def render_rules_markdown() -> str:
                         for i, v in enumerate((r.world_size_vars, r.local_size_vars, r.nodes_vars))
                     ),
                 )
-                for r in CLUSTERS
+                for r in ENVIRONMENT_REGISTRY.builtin
             ),
         )
     )

@@ -12,6 +12,7 @@ from interlock.connector.limits import (
     MAX_NUM_NODES,
     short_repr,
 )
+from interlock.connector.registration import suspects
 from interlock.connector.registry import EntryPointStatus
 from interlock.connector.rules import (
     Context,
@@ -26,12 +27,8 @@ from interlock.connector.rules import (
 from interlock.connector.tables import (
     ACCELERATOR_ALIASES,
     ACCELERATOR_CHOOSERS,
-    ACCELERATOR_INPUTS,
-    ACCELERATOR_ROWS,
     DEFAULT_PRECISION,
     LEGACY_PRECISIONS,
-    PRECISION_NAMES,
-    PRECISION_ROWS,
     WITHDRAWN_ROWS,
 )
 
@@ -77,13 +74,16 @@ def _refuse_accelerator(ctx: Context) -> str:
     kind = "is not a known accelerator" if isinstance(value, str) else (
         f"must be a string, got {type(value).__name__}"
     )
+    if isinstance(value, str):
+        kind += suspects(ctx.parts.broken["accelerators"])
+    inputs = ctx.parts.accelerator_inputs
     refuse(
         "unknown-accelerator",
         flag="accelerator",
         value=value,
         reason=f"{value!r} {kind}.",
-        choices=ACCELERATOR_INPUTS,
-        suggestion=did_you_mean(value, ACCELERATOR_INPUTS),
+        choices=inputs,
+        suggestion=did_you_mean(value, inputs),
     )
 
 
@@ -108,13 +108,13 @@ ACCELERATOR_FLAG = Decision(
             doc="An Accelerator instance whose name is a canonical accelerator; it is used "
             "as given when the strategy is built.",
             when=lambda c: part_kind(c.accelerator_flag) == "accelerator"
-            and _instance_name(c.accelerator_flag) in ACCELERATOR_ROWS,
+            and _instance_name(c.accelerator_flag) in c.parts.accelerators,
             then=_set_accelerator_instance,
         ),
         Rule(
             id="flags/accelerator-name",
             doc="A canonical accelerator name, 'auto' or 'gpu'.",
-            when=lambda c: _norm(c.accelerator_flag) in ACCELERATOR_ROWS
+            when=lambda c: _norm(c.accelerator_flag) in c.parts.accelerators
             or _norm(c.accelerator_flag) in ACCELERATOR_CHOOSERS,
             then=_set_accelerator,
         ),
@@ -308,14 +308,16 @@ def _set_precision_legacy(ctx: Context) -> str:
 
 def _refuse_precision(ctx: Context) -> str:
     value = ctx.precision_flag
-    accepted = PRECISION_NAMES + tuple(str(k) for k in LEGACY_PRECISIONS if isinstance(k, str))
+    names = ctx.parts.precision_names
+    accepted = names + tuple(str(k) for k in LEGACY_PRECISIONS if isinstance(k, str))
+    broken = suspects(ctx.parts.broken["precisions"]) if isinstance(value, str) else ""
     refuse(
         "unknown-precision",
         flag="precision",
         value=value,
         reason="this is neither a precision name nor a legacy alias (16, '16', 'bf16', "
-        "32, '32', 64, '64').",
-        choices=PRECISION_NAMES,
+        f"32, '32', 64, '64'){broken}.",
+        choices=names,
         suggestion=did_you_mean(value, accepted),
     )
 
@@ -327,7 +329,7 @@ PRECISION_FLAG = Decision(
         Rule(
             id="flags/precision-name",
             doc="A canonical precision name (case-insensitive).",
-            when=lambda c: _norm(c.precision_flag) in PRECISION_ROWS,
+            when=lambda c: _norm(c.precision_flag) in c.parts.precisions,
             then=_set_precision,
         ),
         Rule(
@@ -691,7 +693,9 @@ def _plugin_problem(ctx: Context) -> str | None:
             if getattr(sorted_plugins, kind) is not None:
                 problem = f"two {kind.replace('_', ' ')} plugins were given; pass one"
                 break
-            if kind == "precision" and getattr(obj, "precision", None) not in PRECISION_ROWS:
+            if kind == "precision" and (
+                getattr(obj, "precision", None) not in ctx.parts.precisions
+            ):
                 problem = (
                     f"precision plugin {obj!r} declares precision "
                     f"{getattr(obj, 'precision', None)!r}, which is not a canonical precision"
@@ -798,7 +802,7 @@ def _instance_device_type(ctx: Context) -> str | None:
 
 def _device_type_conflict(ctx: Context) -> bool:
     kind = _instance_device_type(ctx)
-    return (kind is not None and ctx.accelerator_input in ACCELERATOR_ROWS
+    return (kind is not None and ctx.accelerator_input in ctx.parts.accelerators
             and kind != ctx.accelerator_input)
 
 
@@ -887,7 +891,7 @@ def _adopt_instance_parts(ctx: Context) -> str:
         ctx.accelerator_input = _instance_name(accelerator) or ""
         taken.append(f"accelerator {ctx.accelerator_input!r}")
     kind = _instance_device_type(ctx)
-    if kind is not None and accelerator is None and kind in ACCELERATOR_ROWS:
+    if kind is not None and accelerator is None and kind in ctx.parts.accelerators:
         ctx.accelerator_input = kind  # the instance's devices say which accelerator
     nodes = parts.get("num_nodes")
     if isinstance(nodes, int) and not isinstance(nodes, bool):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from interlock.connector.limits import MAX_DEVICES_PER_NODE, short_repr
+
 # re-exported: the CLI and the environment report read it from here
 from interlock.connector.tables import OPTIONAL_PACKAGES as OPTIONAL_PACKAGES
 
@@ -32,6 +33,9 @@ class Machine:
         interactive: whether the code runs in an interactive session (REPL, notebook).
         start_methods: multiprocessing start methods this platform offers.
         packages: importable optional packages among :data:`OPTIONAL_PACKAGES`.
+        extra_devices: devices of registered (third-party) accelerators, by accelerator
+            name (see `interlock.connector.parts_registry`); an accelerator not listed
+            has none. The built-in accelerators have fields of their own.
     """
 
     cuda_devices: int = 0
@@ -41,6 +45,7 @@ class Machine:
     interactive: bool = False
     start_methods: tuple[str, ...] = START_METHODS
     packages: frozenset[str] = frozenset()
+    extra_devices: Mapping[str, int] = field(default_factory=dict)
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -70,6 +75,8 @@ class Machine:
                 f"Machine.packages has packages the engine does not consult {bad}; "
                 f"known: {', '.join(OPTIONAL_PACKAGES)}"
             )
+        extra = _extra_devices(self.extra_devices)
+        object.__setattr__(self, "extra_devices", MappingProxyType(extra))
         env = {str(k): str(v) for k, v in dict(self.environ).items()}
         object.__setattr__(self, "environ", MappingProxyType(env))
         object.__setattr__(self, "start_methods", tuple(self.start_methods))
@@ -83,6 +90,7 @@ class Machine:
             self.interactive,
             self.start_methods,
             self.packages,
+            tuple(sorted(extra.items())),
         )
         object.__setattr__(self, "_hash", hash(key))
 
@@ -103,6 +111,9 @@ class Machine:
             "start methods " + (", ".join(self.start_methods) or "none"),
             "packages " + (", ".join(sorted(self.packages)) or "none"),
         ]
+        if self.extra_devices:
+            parts.append("extra devices " + ", ".join(
+                f"{n}={c}" for n, c in sorted(self.extra_devices.items())))
         if self.environ:
             parts.append("env " + " ".join(f"{k}={v}" for k, v in sorted(self.environ.items())))
         return "; ".join(parts)
@@ -117,6 +128,9 @@ class Machine:
             "interactive": self.interactive,
             "start_methods": list(self.start_methods),
             "packages": sorted(self.packages),
+            # only when set: the JSON of a machine without them stays as it was
+            **({"extra_devices": dict(sorted(self.extra_devices.items()))}
+               if self.extra_devices else {}),
         }
 
     @classmethod
@@ -125,12 +139,20 @@ class Machine:
 
         Device counts and installed packages are read once per process (torch is
         imported on the first call); the environment and interactivity are read
-        on every call because they can change.
+        on every call because they can change. The variables kept are those of every
+        registered cluster environment.
+
+        Registered (third-party) accelerators are not counted: that would import their
+        implementation, which the engine never does. ``extra_devices`` stays empty;
+        pass a Machine with it set (``dataclasses.replace(Machine.probe(),
+        extra_devices=...)``) for such an accelerator to take part in ``'auto'``.
         """
-        from interlock.connector.tables import ENVIRONMENT_VARIABLES
+        # the registered cluster environments' variables too (read at call time)
+        from interlock.connector.parts_registry import current_parts
 
         cuda, mps, xla, packages = _probe_devices()
-        environ = {k: os.environ[k] for k in ENVIRONMENT_VARIABLES if k in os.environ}
+        environ = {k: os.environ[k] for k in current_parts().environment_variables
+                   if k in os.environ}
         return cls(
             cuda_devices=cuda,
             mps_available=mps,
@@ -142,6 +164,43 @@ class Machine:
             ),
             packages=packages,
         )
+
+
+def _extra_devices(value: object) -> dict[str, int]:
+    """``Machine.extra_devices`` checked and copied.
+
+    Raises:
+        ValueError: not a mapping of accelerator names to device counts.
+    """
+    if isinstance(value, Mapping) and not value:
+        return {}
+    # imported here: the part tables import this module for START_METHODS
+    from interlock.connector.registration import NAME_PATTERN
+    from interlock.connector.tables import ACCELERATORS
+
+    if not isinstance(value, Mapping):
+        raise ValueError("Machine.extra_devices must map accelerator names to device "
+                         f"counts, got {short_repr(value)}")
+    builtin = {row.name: row.machine_fact for row in ACCELERATORS}
+    found: dict[str, int] = {}
+    for name, count in value.items():
+        if not isinstance(name, str) or not NAME_PATTERN.match(name):
+            raise ValueError(f"Machine.extra_devices has the key {short_repr(name)}, which "
+                             "is not an accelerator name (lowercase letters, digits and "
+                             "underscores)")
+        if name in builtin:
+            where = f"Machine.{builtin[name]}" if builtin[name] else "no field (any number)"
+            raise ValueError(f"Machine.extra_devices names the built-in accelerator "
+                             f"{name!r}, whose devices are counted in {where}")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise ValueError(f"Machine.extra_devices[{name!r}] must be an int >= 0, got "
+                             f"{short_repr(count)}")
+        if count > MAX_DEVICES_PER_NODE:
+            raise ValueError(f"Machine.extra_devices[{name!r}] must be at most "
+                             f"{MAX_DEVICES_PER_NODE} (no host has more devices; see "
+                             f"interlock.connector.limits), got {short_repr(count)}")
+        found[name] = count
+    return found
 
 
 def _rebuild_machine(fields: dict[str, object]) -> Machine:

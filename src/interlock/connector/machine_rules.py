@@ -1,4 +1,11 @@
-"""Stages 2-4: the accelerator, the devices and the cluster environment."""
+"""Stages 2-4: the accelerator, the devices and the cluster environment.
+
+The rows come from the part registries at call time (``ctx.parts``). A registered
+accelerator gets an ``accelerator/auto-<name>`` rule just before ``accelerator/auto-cpu``
+and the ``devices/<name>-*`` rules of an indexed device kind; a registered cluster
+environment with a detector gets a ``cluster/<name>`` rule just before
+``cluster/external`` (see `interlock.connector.parts_registry` for why there).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ from interlock.connector.limits import (
     MAX_WORLD_SIZE,
     short_repr,
 )
+from interlock.connector.parts_registry import ENVIRONMENT_REGISTRY, PartTables
 from interlock.connector.rules import (
     Action,
     Context,
@@ -23,12 +31,9 @@ from interlock.connector.rules import (
 )
 from interlock.connector.tables import (
     ACCELERATOR_CHOOSERS,
-    ACCELERATOR_NAMES,
-    ACCELERATOR_ROWS,
-    CLUSTER_ROWS,
-    CLUSTERS,
     DETECTION_VALUES,
     DETECTION_VARIABLE,
+    EXTRA_DEVICES_FACT,
     INSTALL_HINTS,
     SLURM_INTERACTIVE_JOB_NAMES,
     AcceleratorRow,
@@ -51,6 +56,8 @@ def device_count(row: AcceleratorRow, ctx: Context) -> int | None:
     """Devices of this kind on the machine; None for the CPU (any number)."""
     if row.machine_fact is None:
         return None
+    if row.machine_fact == EXTRA_DEVICES_FACT:
+        return ctx.machine.extra_devices.get(row.name, 0)
     return int(getattr(ctx.machine, row.machine_fact))
 
 
@@ -59,12 +66,12 @@ def _missing_packages(row: AcceleratorRow, ctx: Context) -> tuple[str, ...]:
 
 
 def _available(name: str, ctx: Context) -> bool:
-    row = ACCELERATOR_ROWS[name]
+    row = ctx.parts.accelerators[name]
     return not _missing_packages(row, ctx) and device_count(row, ctx) != 0
 
 
 def _available_names(ctx: Context) -> tuple[str, ...]:
-    return tuple(n for n in ACCELERATOR_NAMES if _available(n, ctx))
+    return tuple(n for n in ctx.parts.accelerator_names if _available(n, ctx))
 
 
 def _fact(row: AcceleratorRow, ctx: Context) -> str:
@@ -74,15 +81,16 @@ def _fact(row: AcceleratorRow, ctx: Context) -> str:
     if isinstance(getattr(ctx.machine, row.machine_fact), bool):
         available = getattr(ctx.machine, row.machine_fact)
         return f"{_FACT_WORDS[row.machine_fact]} {'are' if available else 'are not'} available"
-    return f"this machine has {device_count(row, ctx)} {_FACT_WORDS[row.machine_fact]}"
+    words = _FACT_WORDS.get(row.machine_fact, f"{row.name} devices")
+    return f"this machine has {device_count(row, ctx)} {words}"
 
 
 def _explicit(ctx: Context) -> bool:
-    return ctx.accelerator_input in ACCELERATOR_ROWS
+    return ctx.accelerator_input in ctx.parts.accelerators
 
 
 def _refuse_missing(ctx: Context) -> str:
-    row = ACCELERATOR_ROWS[ctx.accelerator_input]
+    row = ctx.parts.accelerators[ctx.accelerator_input]
     missing = _missing_packages(row, ctx)
     refuse(
         "missing-package",
@@ -95,7 +103,7 @@ def _refuse_missing(ctx: Context) -> str:
 
 
 def _refuse_unavailable(ctx: Context) -> str:
-    row = ACCELERATOR_ROWS[ctx.accelerator_input]
+    row = ctx.parts.accelerators[ctx.accelerator_input]
     refuse(
         "accelerator-unavailable",
         flag="accelerator",
@@ -111,10 +119,9 @@ def _choose_explicit(ctx: Context) -> str:
     return f"{ctx.accelerator!r} was asked for and is available"
 
 
-def _chooser_rule(chooser: str, name: str) -> Rule:
-    row = ACCELERATOR_ROWS[name]
-
+def _chooser_rule(chooser: str, name: str, doc: str | None = None) -> Rule:
     def then(ctx: Context) -> str:
+        row = ctx.parts.accelerators[name]
         ctx.accelerator = name
         why = "always available" if row.machine_fact is None else (
             f"{_fact(row, ctx)}" + (f" and {', '.join(row.requires)} is installed"
@@ -128,7 +135,7 @@ def _chooser_rule(chooser: str, name: str) -> Rule:
     order = ", ".join(ACCELERATOR_CHOOSERS[chooser])
     return Rule(
         id=f"accelerator/{chooser}-{name}",
-        doc=f"accelerator='{chooser}' takes {name} when available (order: {order}).",
+        doc=doc or f"accelerator='{chooser}' takes {name} when available (order: {order}).",
         when=lambda c: c.accelerator_input == chooser and _available(name, c),
         then=then,
     )
@@ -136,7 +143,8 @@ def _chooser_rule(chooser: str, name: str) -> Rule:
 
 def _refuse_chooser(ctx: Context) -> str:
     facts = "; ".join(
-        _fact(ACCELERATOR_ROWS[n], ctx) for n in ACCELERATOR_CHOOSERS[ctx.accelerator_input]
+        _fact(ctx.parts.accelerators[n], ctx)
+        for n in ctx.parts.chooser_order(ctx.accelerator_input)
     )
     refuse(
         "accelerator-unavailable",
@@ -144,6 +152,15 @@ def _refuse_chooser(ctx: Context) -> str:
         value=ctx.accelerator_flag,
         reason=f"no device it can pick is present: {facts}.",
         choices=_available_names(ctx),
+    )
+
+
+def _registered_choosers(parts: PartTables) -> tuple[Rule, ...]:
+    return tuple(
+        _chooser_rule("auto", row.name, doc=f"accelerator='auto' takes the registered "
+                      f"accelerator {row.name} when available (after the built-in device "
+                      "kinds, before cpu).")
+        for row in parts.added_accelerators
     )
 
 
@@ -157,7 +174,7 @@ ACCELERATOR_CHOICE = Decision(
             doc="An explicit accelerator whose package is not installed (xla without "
             "torch_xla).",
             when=lambda c: _explicit(c)
-            and bool(_missing_packages(ACCELERATOR_ROWS[c.accelerator_input], c)),
+            and bool(_missing_packages(c.parts.accelerators[c.accelerator_input], c)),
             then=_refuse_missing,
             refuses="missing-package",
         ),
@@ -187,6 +204,8 @@ ACCELERATOR_CHOICE = Decision(
             refuses="accelerator-unavailable",
         ),
     ),
+    registered=_registered_choosers,
+    registered_before="accelerator/auto-cpu",
 )
 
 ACCELERATOR_STAGE = Stage(
@@ -207,7 +226,7 @@ def _indexed(name: str, ids: tuple[int, ...] | range) -> tuple[str, ...]:
 
 
 def _count(ctx: Context) -> int:
-    return device_count(ACCELERATOR_ROWS[ctx.accelerator], ctx) or 0
+    return device_count(ctx.parts.accelerators[ctx.accelerator], ctx) or 0
 
 
 def _on(name: str, *kinds: str) -> Predicate:
@@ -265,7 +284,7 @@ def _device_choices(ctx: Context) -> tuple[str, ...]:
 
 def _refuse_unavailable_devices(ctx: Context) -> str:
     n = _count(ctx)
-    row = ACCELERATOR_ROWS[ctx.accelerator]
+    row = ctx.parts.accelerators[ctx.accelerator]
     asked = ctx.devices.describe()
     valid_ids = f"ids 0..{n - 1}" if n > 1 else "id 0"
     refuse(
@@ -319,6 +338,34 @@ def _refuse_xla_devices(ctx: Context) -> str:
         f"{ctx.devices.describe()} is none of these.",
         choices=("1", str(n), "-1", "[0]"),
     )
+
+
+def _beyond_on(name: str) -> Predicate:
+    return lambda c: c.accelerator == name and _too_many(c)
+
+
+def _registered_device_rules(parts: PartTables) -> tuple[Rule, ...]:
+    """A registered accelerator's devices are indexed and placed like CUDA's."""
+    rules: list[Rule] = []
+    for row in parts.added_accelerators:
+        name = row.name
+        rules += [
+            Rule(
+                id=f"devices/{name}-unavailable",
+                doc=f"{name}: a count or id beyond the devices in "
+                f"Machine.extra_devices[{name!r}].",
+                when=_beyond_on(name),
+                then=_refuse_unavailable_devices,
+                refuses="devices-unavailable",
+            ),
+            Rule(id=f"devices/{name}-all", doc=f"{name}: 'auto' or -1 is every device.",
+                 when=_on(name, "auto", "all"), then=_all_indexed),
+            Rule(id=f"devices/{name}-count", doc=f"{name}: N is devices 0..N-1.",
+                 when=_on(name, "count"), then=_count_indexed),
+            Rule(id=f"devices/{name}-ids", doc=f"{name}: explicit ids.",
+                 when=_on(name, "ids"), then=_ids_indexed),
+        ]
+    return tuple(rules)
 
 
 DEVICES_CHOICE = Decision(
@@ -416,6 +463,8 @@ DEVICES_CHOICE = Decision(
             refuses="invalid-devices",
         ),
     ),
+    registered=_registered_device_rules,
+    registered_before="devices/mps-one",
 )
 
 
@@ -495,23 +544,36 @@ DEVICES_STAGE = Stage(
 # --------------------------------------------------------------------------- cluster
 
 
-def _use_cluster(ctx: Context, row: ClusterRow) -> None:
+#: The built-in cluster environments, for the rules written for them by name.
+_BUILTIN: dict[str, ClusterRow] = {row.name: row for row in ENVIRONMENT_REGISTRY.builtin}
+
+
+def _use_cluster(ctx: Context, row: ClusterRow, *, detected: bool = True) -> None:
     ctx.cluster = row.name
     ctx.cluster_row = row
     ctx.cluster_external = row.external
+    broken = ctx.parts.broken["environments"]
+    if detected and broken:
+        # never silent: a plugin environment that failed to load cannot be detected
+        ctx.note(
+            "cluster environments from "
+            + "; ".join(f"the {ep.describe()}, which failed to load ({ep.error})"
+                        for ep in broken)
+            + f" were not tried; {row.name} was chosen without them"
+        )
 
 
 def _from_plugin(ctx: Context) -> str:
     plugin = ctx.plugins.cluster_environment
     name = str(getattr(plugin, "name", ""))
     ctx.cluster = name
-    ctx.cluster_row = CLUSTER_ROWS.get(name)
+    ctx.cluster_row = ctx.parts.environments.get(name)
     ctx.cluster_external = bool(getattr(plugin, "creates_processes_externally", False))
     return f"the cluster environment plugin {type(plugin).__name__} ({name!r}) is used as given"
 
 
 def _xla_cluster(ctx: Context) -> str:
-    _use_cluster(ctx, CLUSTER_ROWS["xla"])
+    _use_cluster(ctx, ctx.parts.environments["xla"], detected=False)
     return "the xla accelerator runs under the XLA runtime's environment"
 
 
@@ -536,11 +598,12 @@ def _refuse_detection_value(ctx: Context) -> str:
 
 def _detected_rows(ctx: Context) -> tuple[str, ...]:
     env = ctx.machine.environ
-    return tuple(r.name for r in CLUSTERS if r.detect is not None and r.detect(env))
+    return tuple(r.name for r in ctx.parts.detection_order
+                 if r.detect is not None and r.detect(env))
 
 
 def _detection_off(ctx: Context) -> str:
-    _use_cluster(ctx, CLUSTER_ROWS["local"])
+    _use_cluster(ctx, ctx.parts.environments["local"], detected=False)
     ignored = _detected_rows(ctx)
     what = (f"the variables of {', '.join(ignored)} are ignored" if ignored
             else "no cluster variables are read")
@@ -564,7 +627,7 @@ def _slurm_job(ctx: Context) -> str:
 
 
 def _torchelastic_in_slurm(ctx: Context) -> str:
-    row = CLUSTER_ROWS["torchelastic"]
+    row = ctx.parts.environments["torchelastic"]
     _use_cluster(ctx, row)
     ctx.note(
         f"torchrun started this process inside {_slurm_job(ctx)}: ranks and geometry come "
@@ -577,7 +640,7 @@ def _torchelastic_in_slurm(ctx: Context) -> str:
 def _slurm_tasks(ctx: Context) -> str | None:
     """The number of tasks of this SLURM job step, as written (the step's own count first)."""
     env = ctx.machine.environ
-    for name in CLUSTER_ROWS["slurm"].world_size_vars:
+    for name in ctx.parts.environments["slurm"].world_size_vars:
         if name in env:
             return env[name].strip()
     return None
@@ -594,7 +657,7 @@ def _external_in_slurm_step(ctx: Context) -> bool:
 
 def _external_in_slurm(ctx: Context) -> str:
     env = ctx.machine.environ
-    row = CLUSTER_ROWS["external"]
+    row = ctx.parts.environments["external"]
     _use_cluster(ctx, row)
     ctx.note(
         f"srun started {_slurm_tasks(ctx) or 'its'} task(s) in {_slurm_job(ctx)}, but "
@@ -607,7 +670,7 @@ def _external_in_slurm(ctx: Context) -> str:
 
 def _slurm_local(why: str) -> Action:
     def then(ctx: Context) -> str:
-        _use_cluster(ctx, CLUSTER_ROWS["local"])
+        _use_cluster(ctx, ctx.parts.environments["local"])
         ctx.note(f"{why}: interlock's launcher starts the processes, SLURM only allocated them")
         return why
 
@@ -624,7 +687,7 @@ def _slurm_single_task(ctx: Context) -> bool:
 
 
 def _slurm_without_step(ctx: Context) -> str:
-    _use_cluster(ctx, CLUSTER_ROWS["local"])
+    _use_cluster(ctx, ctx.parts.environments["local"])
     env = ctx.machine.environ
     where = ("a batch script" if "SLURM_PROCID" in env
              else "an allocation's shell (salloc)")
@@ -672,12 +735,17 @@ def _detect_rule(row: ClusterRow) -> Rule:
 
 
 def _local(ctx: Context) -> str:
-    _use_cluster(ctx, CLUSTER_ROWS["local"])
+    _use_cluster(ctx, ctx.parts.environments["local"])
     return "no cluster environment detected"
 
 
 def _interactive_name(ctx: Context) -> bool:
     return ctx.machine.environ.get("SLURM_JOB_NAME") in SLURM_INTERACTIVE_JOB_NAMES
+
+
+def _registered_detectors(parts: PartTables) -> tuple[Rule, ...]:
+    return tuple(_detect_rule(row) for row in parts.added_environments
+                 if row.detect is not None)
 
 
 CLUSTER_CHOICE = Decision(
@@ -715,11 +783,11 @@ CLUSTER_CHOICE = Decision(
             id="cluster/torchelastic-in-slurm",
             doc="torchrun inside a SLURM job: torchelastic, and the SLURM variables are "
             "ignored (noted).",
-            when=lambda c: cluster_detect(CLUSTER_ROWS["torchelastic"], c)
+            when=lambda c: cluster_detect(_BUILTIN["torchelastic"], c)
             and slurm_allocation(c.machine.environ),
             then=_torchelastic_in_slurm,
         ),
-        _detect_rule(CLUSTER_ROWS["torchelastic"]),
+        _detect_rule(_BUILTIN["torchelastic"]),
         Rule(
             id="cluster/external-in-slurm",
             doc="Inside an srun task, RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and "
@@ -735,7 +803,7 @@ CLUSTER_CHOICE = Decision(
             when=_slurm_single_task,
             then=_slurm_local("SLURM job step with a single task"),
         ),
-        *(_detect_rule(row) for row in CLUSTERS if row.detect is not None
+        *(_detect_rule(row) for row in ENVIRONMENT_REGISTRY.builtin if row.detect is not None
           and row.name != "torchelastic"),
         Rule(
             id="cluster/slurm-interactive",
@@ -754,6 +822,8 @@ CLUSTER_CHOICE = Decision(
         ),
         Rule(id="cluster/local", doc="Nothing else matched.", when=always, then=_local),
     ),
+    registered=_registered_detectors,
+    registered_before="cluster/external",
 )
 
 

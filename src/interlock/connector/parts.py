@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from interlock.connector.flag_rules import DEVICES_FLAG
 from interlock.connector.machine import Machine
 from interlock.connector.machine_rules import CLUSTER_CHECK, DEVICES_STAGE
+from interlock.connector.parts_registry import current_parts
 from interlock.connector.registry import strategy_specs
 from interlock.connector.rules import Context, DevicesRequest, run_decision, run_stages
-from interlock.connector.tables import CLUSTER_ROWS, ENVIRONMENT_VARIABLES
 
 
 def _context(machine: Machine, devices: object, num_nodes: int) -> Context:
@@ -44,8 +44,13 @@ def place_devices(accelerator: str, devices: object, machine: Machine) -> tuple[
 
 
 def cluster_detected(name: str, environ: Mapping[str, str]) -> bool:
-    """Whether the cluster table's detector for ``name`` holds for ``environ``."""
-    detect = CLUSTER_ROWS[name].detect
+    """Whether the detector of the cluster environment ``name`` (built-in or
+    registered) holds for ``environ``.
+
+    Raises:
+        KeyError: no cluster environment of that name is registered.
+    """
+    detect = current_parts().environments[name].detect
     return detect is not None and detect(environ)
 
 
@@ -57,10 +62,12 @@ def check_cluster_geometry(
     Raises:
         ResolutionError: ``cluster-mismatch`` or ``invalid-environment``.
     """
-    row = CLUSTER_ROWS.get(name)
+    parts = current_parts()
+    row = parts.environments.get(name)
     if row is None:
-        return  # a third-party environment: nothing the tables know to check
-    machine = Machine(environ={k: environ[k] for k in ENVIRONMENT_VARIABLES if k in environ})
+        return  # an environment nobody registered: nothing the tables know to check
+    machine = Machine(environ={k: environ[k] for k in parts.environment_variables
+                               if k in environ})
     ctx = _context(machine, devices_per_node, num_nodes)
     # the strategy's devices are settled: a count, never auto (which would follow the
     # cluster instead of being checked against it)

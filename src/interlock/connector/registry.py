@@ -1,15 +1,22 @@
-"""The strategy registry: built-in rows, registered rows and entry-point rows."""
+"""The strategy registry: built-in rows, registered rows and entry-point rows.
+
+The part kinds (precisions, accelerators, cluster environments, launchers) have
+registries of their own that work the same way
+(:mod:`interlock.connector.parts_registry`); `registry_version` covers them all.
+"""
 
 from __future__ import annotations
 
 import threading
-import warnings
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from interlock.connector import parts_registry
 from interlock.connector.builtin import BUILTIN_STRATEGIES
+from interlock.connector.registration import STRATEGY_GROUP, load_entry_point, scan_entry_points
+from interlock.connector.registration import EntryPointStatus as EntryPointStatus
+from interlock.connector.registration import RegistrationError as RegistrationError
 from interlock.connector.specs import StrategySpec, spec_problems
 from interlock.connector.tables import WITHDRAWN_ROWS
 
@@ -19,41 +26,7 @@ if TYPE_CHECKING:
 #: Entry point group third-party packages use to register strategies. The entry
 #: point's object is a StrategySpec, a list or tuple of them, or a callable taking no
 #: arguments that returns either.
-ENTRY_POINT_GROUP = "interlock.strategies"
-
-
-class RegistrationError(ValueError):
-    """A strategy spec that cannot be registered, and why."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EntryPointStatus:
-    """What became of one ``interlock.strategies`` entry point.
-
-    Attributes:
-        name: the entry point's name.
-        value: what it points at, ``"module:attribute"``.
-        distribution: the installed package that declares it, when known.
-        strategies: the strategy names it registered; for a broken entry point, the
-            names it is known to stand for (its own name, and the names of the specs it
-            returned before registration failed).
-        error: why it failed to load, or None when it loaded.
-    """
-
-    name: str
-    value: str
-    distribution: str | None
-    strategies: tuple[str, ...]
-    error: str | None = None
-
-    @property
-    def broken(self) -> bool:
-        return self.error is not None
-
-    def describe(self) -> str:
-        """``entry point 'name' (module:attribute) of package``, for messages."""
-        where = f" of {self.distribution}" if self.distribution else ""
-        return f"entry point {self.name!r} ({self.value}){where}"
+ENTRY_POINT_GROUP = STRATEGY_GROUP
 
 
 _specs: dict[str, StrategySpec] = {spec.name: spec for spec in BUILTIN_STRATEGIES}
@@ -65,8 +38,9 @@ _version = 0
 
 
 def registry_version() -> int:
-    """A number that changes whenever the set of strategies changes."""
-    return _version
+    """A number that changes whenever the set of strategies, or the rows of any part
+    kind (`interlock.connector.parts_registry.parts_version`), change."""
+    return _version + parts_registry.parts_version()
 
 
 def register_strategy(spec: StrategySpec, *, source: str = "register_strategy()") -> None:
@@ -144,9 +118,12 @@ def _load_entry_points() -> None:
     # error, a warning is emitted once, and plan() refuses the names it stands for with
     # that error (`broken-entry-point`); every other strategy still resolves.
     global _entry_points_loaded, _entry_points, _version
-    from importlib.metadata import entry_points
-
-    found = tuple(_load_entry_point(ep) for ep in entry_points(group=ENTRY_POINT_GROUP))
+    # one scan finds the part groups too: they load first, so that a strategy may
+    # declare the precisions, accelerators and launchers a plugin registers
+    groups = (*parts_registry.ENTRY_POINT_GROUPS.values(), ENTRY_POINT_GROUP)
+    scanned = scan_entry_points(groups)
+    parts_registry.load_entry_points(scanned)
+    found = tuple(_load_entry_point(ep) for ep in scanned[ENTRY_POINT_GROUP])
     with _lock:
         _entry_points = found
         _entry_points_loaded = True
@@ -160,40 +137,27 @@ def _load_entry_point(ep: EntryPoint) -> EntryPointStatus:
     its callable, a malformed spec or a name clash comes back as a broken status, and
     is warned about (once: entry points are loaded once per process).
     """
+    return load_entry_point(ep, group=ENTRY_POINT_GROUP, noun="strategies", add=_add_all)
+
+
+def _add_all(found: Sequence[object], source: str) -> None:
+    """Register the specs of one entry point, all or none."""
     global _version
-    dist = getattr(ep, "dist", None)
-    distribution = getattr(dist, "name", None)
-    source = EntryPointStatus(name=ep.name, value=ep.value, distribution=distribution,
-                              strategies=()).describe()
-    names: list[str] = []
-    try:
-        loaded = ep.load()
-        result = loaded() if callable(loaded) else loaded
-        found = list(result) if isinstance(result, (list, tuple)) else [result]
-        names = [n for n in (getattr(s, "name", None) for s in found) if isinstance(n, str)]
-        with _lock:
-            taken = dict(_specs)
-            problems: list[str] = []
-            for spec in found:
-                problem = _refusal(spec, source, taken)
-                if problem is not None or not isinstance(spec, StrategySpec):
-                    problems.append(problem or f"{spec!r} is not a StrategySpec")
-                    continue
-                taken.setdefault(spec.name, spec)
-            if problems:
-                raise RegistrationError("; ".join(problems))
-            added = {n: s for n, s in taken.items() if n not in _specs}
-            _specs.update(added)
-            _version += bool(added)
-    except Exception as exc:
-        error = str(exc) if isinstance(exc, RegistrationError) else repr(exc)
-        warnings.warn(
-            f"interlock: {source} failed to load, so the strategies it provides are "
-            f"unavailable (other strategies are not affected): {error}",
-            RuntimeWarning, stacklevel=2,
-        )
-        return EntryPointStatus(name=ep.name, value=ep.value, distribution=distribution,
-                                strategies=tuple(dict.fromkeys((ep.name, *names))),
-                                error=error)
-    return EntryPointStatus(name=ep.name, value=ep.value, distribution=distribution,
-                            strategies=tuple(names))
+    with _lock:
+        taken = dict(_specs)
+        problems: list[str] = []
+        for spec in found:
+            problem = _refusal(spec, source, taken)
+            if problem is not None or not isinstance(spec, StrategySpec):
+                problems.append(problem or f"{spec!r} is not a StrategySpec")
+                continue
+            taken.setdefault(spec.name, spec)
+        if problems:
+            raise RegistrationError("; ".join(problems))
+        added = {n: s for n, s in taken.items() if n not in _specs}
+        _specs.update(added)
+        _version += bool(added)
+
+
+# the part registries check the strategies a row names against the registered ones
+parts_registry.use_strategies(lambda: _view)

@@ -4,6 +4,12 @@ A *stage* is an ordered list of *decisions*; a decision is an ordered list of
 *rules*. For each decision the first rule whose predicate holds is applied and
 appended to the trace; a rule either records a decision in the context (and
 returns the reason in words) or raises a `ResolutionError`.
+
+A decision over rows of a registrable part kind (the accelerator 'auto' choice, the
+device placement, the cluster detection) also makes one rule per registered
+(third-party) row, from the registry at call time, named like the built-in rows' rules
+(``cluster/<name>``) and placed before a named rule of its own; see
+`Decision.rules_for`. ``docs/rules.md`` lists the rules of the built-in rows.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from typing import Literal, NoReturn
 
 from interlock.connector.errors import ResolutionError
 from interlock.connector.machine import Machine
+from interlock.connector.parts_registry import PartTables, current_parts
 from interlock.connector.registry import EntryPointStatus
 from interlock.connector.specs import StrategySpec
 from interlock.connector.tables import ClusterRow
@@ -69,6 +76,8 @@ class Context:
     plugins_flag: object
     #: entry points that failed to load; plan() refuses the names they stand for
     broken_entry_points: tuple[EntryPointStatus, ...] = ()
+    #: every part kind's rows (built-in and registered), read at call time
+    parts: PartTables = field(default_factory=current_parts)
     # flags stage
     accelerator_input: str = ""
     accelerator_instance: object | None = None
@@ -148,11 +157,45 @@ class Rule:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Decision:
-    """An ordered list of rules; the first that matches decides."""
+    """An ordered list of rules; the first that matches decides.
+
+    Attributes:
+        id: stable id.
+        doc: what it decides, in words.
+        rules: the rules of the built-in rows, in order (what ``docs/rules.md`` lists).
+        registered: makes the rules of the registered (third-party) rows from a
+            registry snapshot, or None when the decision has none.
+        registered_before: the id of the rule those rules are placed before.
+    """
 
     id: str
     doc: str
     rules: tuple[Rule, ...]
+    registered: Callable[[PartTables], tuple[Rule, ...]] | None = None
+    registered_before: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.registered is not None and not any(
+            rule.id == self.registered_before for rule in self.rules
+        ):
+            raise RuntimeError(f"internal error: {self.id!r} places registered rows' rules "
+                               f"before {self.registered_before!r}, which is not its rule")
+
+    def rules_for(self, parts: PartTables) -> tuple[Rule, ...]:
+        """The rules in force with ``parts``: the built-in ones, with the registered
+        rows' rules in place (made once per registry snapshot)."""
+        if self.registered is None:
+            return self.rules
+        cached = parts.cache.get(self.id)
+        if cached is None:
+            extra = self.registered(parts)
+            if extra:
+                at = next(i for i, r in enumerate(self.rules) if r.id == self.registered_before)
+                cached = (*self.rules[:at], *extra, *self.rules[at:])
+            else:
+                cached = self.rules
+            parts.cache[self.id] = cached
+        return cached  # type: ignore[return-value]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -181,7 +224,13 @@ def refuse(
 
 def run_decision(stage: str, decision: Decision, ctx: Context) -> None:
     """Apply the first matching rule of one decision to ``ctx``."""
-    for rule in decision.rules:
+    # most decisions have no registered rows' rules: skip the call (plan() runs this
+    # for every decision, and a method call costs as much as a rule)
+    if decision.registered is None:
+        rules = decision.rules
+    else:
+        rules = ctx.parts.cache.get(decision.id) or decision.rules_for(ctx.parts)  # type: ignore[assignment]
+    for rule in rules:
         if not rule.when(ctx):
             continue
         try:

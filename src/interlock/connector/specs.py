@@ -7,13 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from interlock.connector.tables import (
-    ACCELERATOR_ROWS,
-    INSTALL_HINTS,
-    LAUNCHER_ROWS,
-    PRECISION_ROWS,
-    STRATEGY_PRECISION_PLUGINS,
-)
+from interlock.connector.parts_registry import current_parts
+from interlock.connector.registration import FACTORY_PATTERN, suspects
+from interlock.connector.tables import INSTALL_HINTS, STRATEGY_PRECISION_PLUGINS
 
 #: capability tags a spec may declare; the conformance suite runs the checks that
 #: need them only for strategies that declare them (and fails those that do not hold)
@@ -44,7 +40,7 @@ OTHER_FAMILY = "other"
 MAX_PARITY_STEPS = 50
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-_FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+_FACTORY = FACTORY_PATTERN
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,7 +133,10 @@ class StrategySpec:
     @property
     def interactive(self) -> bool:
         """Whether the strategy can start its processes from a notebook or REPL."""
-        return self.launcher is None or LAUNCHER_ROWS[self.launcher].interactive
+        if self.launcher is None:
+            return True
+        row = current_parts().launchers.get(self.launcher)
+        return row is not None and row.interactive
 
 
 def _rebuild_spec(fields: dict[str, object]) -> StrategySpec:
@@ -175,24 +174,26 @@ def spec_problems(spec: object) -> list[str]:
             f"family {spec.family!r} is unknown; known: {', '.join(families)} "
             f"('{OTHER_FAMILY}' for a strategy that belongs to none of the others)"
         )
+    parts = current_parts()
     if not spec.accelerators:
         problems.append("accelerators must name at least one accelerator")
-    unknown = sorted(a for a in spec.accelerators if a not in ACCELERATOR_ROWS)
+    unknown = sorted(a for a in spec.accelerators if a not in parts.accelerators)
     if unknown:
         problems.append(
-            f"accelerators {unknown} are unknown; known: {', '.join(ACCELERATOR_ROWS)}"
+            f"accelerators {unknown} are unknown; known: {', '.join(parts.accelerators)}"
+            + suspects(parts.broken["accelerators"])
         )
     if not spec.precisions:
         problems.append("precisions must name at least one precision")
-    unknown = sorted(p for p in spec.precisions if p not in PRECISION_ROWS)
+    unknown = sorted(p for p in spec.precisions if p not in parts.precisions)
     if unknown:
-        problems.append(f"precisions {unknown} are unknown; known: {', '.join(PRECISION_ROWS)}")
-    if spec.launcher is not None and spec.launcher not in LAUNCHER_ROWS:
+        problems.append(f"precisions {unknown} are unknown; known: "
+                        f"{', '.join(parts.precisions)}" + suspects(parts.broken["precisions"]))
+    if spec.launcher is not None and spec.launcher not in parts.launchers:
         problems.append(
-            f"launcher {spec.launcher!r} is unknown; known: {', '.join(LAUNCHER_ROWS)} or None"
+            f"launcher {spec.launcher!r} is unknown; known: {', '.join(parts.launchers)} or "
+            "None" + suspects(parts.broken["launchers"])
         )
-    if spec.launcher == "external":
-        problems.append("launcher 'external' is chosen by the engine, not declared")
     if not isinstance(spec.multi_node, bool):
         problems.append("multi_node must be a bool")
     if spec.max_devices is not None and (
@@ -245,10 +246,11 @@ def spec_problems(spec: object) -> list[str]:
             f"capabilities {unknown} are unknown; known: {', '.join(CAPABILITIES)}"
         )
     for accelerator in spec.substitutes:
-        if accelerator not in ACCELERATOR_ROWS:
+        if accelerator not in parts.accelerators:
             problems.append(f"substitutes names unknown accelerator {accelerator!r}")
         elif accelerator in spec.accelerators:
             problems.append(
                 f"substitutes names {accelerator!r}, which the strategy itself supports"
             )
     return problems
+

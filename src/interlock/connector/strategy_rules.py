@@ -1,4 +1,9 @@
-"""Stages 5-7: the strategy and its launcher, the precision, the plugins."""
+"""Stages 5-7: the strategy and its launcher, the precision, the plugins.
+
+Which accelerators a strategy runs on and which precisions it takes are read through
+the registry snapshot (``ctx.parts``): a spec's own declaration, plus the registered
+accelerator and precision rows that name the strategy.
+"""
 
 from __future__ import annotations
 
@@ -15,14 +20,7 @@ from interlock.connector.rules import (
     refuse,
 )
 from interlock.connector.specs import StrategySpec
-from interlock.connector.tables import (
-    ACCELERATOR_ROWS,
-    INSTALL_HINTS,
-    LAUNCHER_ROWS,
-    PRECISION_NAMES,
-    PRECISION_ROWS,
-    LauncherRow,
-)
+from interlock.connector.tables import INSTALL_HINTS, LauncherRow
 
 # --------------------------------------------------------------------------- choose
 
@@ -97,7 +95,7 @@ def _strategy_names(ctx: Context) -> tuple[str, ...]:
     return tuple(
         sorted(
             n for n, s in ctx.specs.items()
-            if ctx.accelerator in s.accelerators and s.variant_of is None
+            if ctx.accelerator in ctx.parts.strategy_accelerators(s) and s.variant_of is None
         )
     )
 
@@ -117,7 +115,7 @@ def _refuse_accelerator(ctx: Context) -> str:
         flag="strategy",
         value=ctx.strategy_flag,
         reason=f"{spec.name!r}{_chosen_how(ctx)} runs on "
-        f"{', '.join(sorted(spec.accelerators))} only, and the accelerator is "
+        f"{', '.join(sorted(ctx.parts.strategy_accelerators(spec)))} only, and the accelerator is "
         f"{ctx.accelerator!r} ({ctx.accelerator_reason}).",
         choices=choices,
     )
@@ -226,7 +224,7 @@ STRATEGY_CHECK = Decision(
             id="strategy/unsupported-accelerator",
             doc="The accelerator is not in the row's accelerators; the row's substitute for "
             "it (fsdp on xla: xla_fsdp) is the choice, else every strategy that runs there.",
-            when=lambda c: c.accelerator not in c.chosen_spec.accelerators,
+            when=lambda c: c.accelerator not in c.parts.strategy_accelerators(c.chosen_spec),
             then=_refuse_accelerator,
             refuses="unsupported-accelerator",
         ),
@@ -260,7 +258,7 @@ STRATEGY_CHECK = Decision(
 
 def _launcher_row(ctx: Context) -> LauncherRow | None:
     name = ctx.chosen_spec.launcher
-    return LAUNCHER_ROWS[name] if name is not None else None
+    return ctx.parts.launchers.get(name) if name is not None else None
 
 
 def _creates_processes(ctx: Context) -> bool:
@@ -291,11 +289,11 @@ def _alternatives(
     for name, spec in sorted(ctx.specs.items()):
         if spec.variant_of is not None:
             continue
-        if ctx.accelerator not in spec.accelerators or _missing(spec, ctx):
+        if ctx.accelerator not in ctx.parts.strategy_accelerators(spec) or _missing(spec, ctx):
             continue
         if spec.max_devices is not None and ctx.devices_per_node > spec.max_devices:
             continue
-        row = LAUNCHER_ROWS[spec.launcher] if spec.launcher else None
+        row = ctx.parts.launchers.get(spec.launcher) if spec.launcher else None
         if row is None or ok(row, ctx):
             names.append(name)
     return tuple(names)
@@ -425,11 +423,13 @@ PRECISION_SOURCE = Decision(
 
 def _supported_precisions(ctx: Context) -> tuple[str, ...]:
     spec = ctx.chosen_spec
-    accel = ACCELERATOR_ROWS[ctx.accelerator]
+    parts = ctx.parts
+    taken = parts.strategy_precisions(spec) - set(spec.precision_refusals.get(ctx.accelerator, {}))
+    on_accelerator = parts.accelerator_precisions[ctx.accelerator]
     return tuple(
-        p for p in PRECISION_NAMES
-        if p in spec.precisions_on(ctx.accelerator) and p in accel.precisions
-        and all(r in ctx.machine.packages for r in PRECISION_ROWS[p].requires)
+        p for p in parts.precision_names
+        if p in taken and p in on_accelerator
+        and all(r in ctx.machine.packages for r in parts.precisions[p].requires)
     )
 
 
@@ -444,12 +444,14 @@ def _refuse_by(holder: str) -> Action:
         flag, value = _precision_flag(ctx)
         if holder == "strategy":
             spec = ctx.chosen_spec
+            taken = ctx.parts.strategy_precisions(spec)
             why = f"strategy {spec.name!r}{_chosen_how(ctx)} supports " + ", ".join(
-                p for p in PRECISION_NAMES if p in spec.precisions
+                p for p in ctx.parts.precision_names if p in taken
             )
         else:
+            runs = ctx.parts.accelerator_precisions[ctx.accelerator]
             why = f"the {ctx.accelerator} accelerator supports " + ", ".join(
-                p for p in PRECISION_NAMES if p in ACCELERATOR_ROWS[ctx.accelerator].precisions
+                p for p in ctx.parts.precision_names if p in runs
             )
         refuse(
             "unsupported-precision",
@@ -479,7 +481,7 @@ def _refuse_on_accelerator(ctx: Context) -> str:
 
 
 def _precision_missing(ctx: Context) -> tuple[str, ...]:
-    return tuple(p for p in PRECISION_ROWS[ctx.precision].requires
+    return tuple(p for p in ctx.parts.precisions[ctx.precision].requires
                  if p not in ctx.machine.packages)
 
 
@@ -504,7 +506,7 @@ PRECISION_CHECK = Decision(
         Rule(
             id="precision/unsupported-by-strategy",
             doc="Not among the strategy row's precisions.",
-            when=lambda c: c.precision not in c.chosen_spec.precisions,
+            when=lambda c: c.precision not in c.parts.strategy_precisions(c.chosen_spec),
             then=_refuse_by("strategy"),
             refuses="unsupported-precision",
         ),
@@ -520,7 +522,7 @@ PRECISION_CHECK = Decision(
             id="precision/unsupported-by-accelerator",
             doc="Not among the accelerator's precisions (mps: no 64-true; "
             "transformer-engine: cuda only).",
-            when=lambda c: c.precision not in ACCELERATOR_ROWS[c.accelerator].precisions,
+            when=lambda c: c.precision not in c.parts.accelerator_precisions[c.accelerator],
             then=_refuse_by("accelerator"),
             refuses="unsupported-precision",
         ),

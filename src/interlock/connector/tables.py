@@ -1,8 +1,16 @@
 """The tables: every fact about what works with what, written once.
 
-The engine's rules, its error messages, ``docs/rules.md``, the matrix and the
-conformance suite all read these rows. Strategy rows live in
-:mod:`interlock.connector.builtin` because they are registry entries.
+These are the built-in rows. Every part kind (precisions, accelerators, cluster
+environments, launchers) is a registry, like the strategies: the rows below are its
+built-in entries, and third-party rows join them through
+:mod:`interlock.connector.parts_registry` (``register_precision`` and friends, or an
+entry point). The engine's rules read the registry at call time, never the tuples
+here; the module constants derived from them (``PRECISION_NAMES``, ``ACCELERATOR_ROWS``,
+...) describe the built-in rows only. Strategy rows live in
+:mod:`interlock.connector.builtin`.
+
+Each row names its implementation as a lazy ``"package.module:Class"`` string
+(``factory``), imported by the runtime and never by the engine.
 """
 
 from __future__ import annotations
@@ -10,6 +18,21 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+
+
+def _freeze(row: object, *, sets: tuple[str, ...], tuples: tuple[str, ...]) -> None:
+    """Store a row's set and sequence fields as frozensets and tuples, so a row written
+    with a set or a list stays hashable and immutable. Other values are left for
+    registration to refuse with a precise message."""
+    for name in sets:
+        value = getattr(row, name)
+        if isinstance(value, (set, list, tuple)):
+            object.__setattr__(row, name, frozenset(value))
+    for name in tuples:
+        value = getattr(row, name)
+        if isinstance(value, list):
+            object.__setattr__(row, name, tuple(value))
+
 
 # --------------------------------------------------------------------------- precisions
 
@@ -31,6 +54,13 @@ class PrecisionRow:
             ``"default"`` is the caller's default dtype (float32 unless changed), so a
             loss against float32 targets works unchanged; ``64-true`` keeps float64,
             or the loss and every gradient would carry float32 rounding.
+        factory: ``"package.module:Class"`` of the precision plugin class that
+            implements it (for a built-in row, its plugin family's class).
+        accelerators: accelerators it runs on beyond those whose own row lists it
+            (built-in rows leave this empty: the accelerator rows list them).
+        strategies: strategies that take it beyond those whose own row lists it;
+            each must build its precision from this row (no ``precision_plugin`` of
+            its own). Built-in rows leave this empty.
     """
 
     name: str
@@ -41,48 +71,63 @@ class PrecisionRow:
     requires: tuple[str, ...] = ()
     description: str
     output_dtype: str = "default"
+    factory: str
+    accelerators: frozenset[str] = frozenset()
+    strategies: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        _freeze(self, sets=("accelerators", "strategies"), tuples=("requires",))
 
 
 PRECISIONS: tuple[PrecisionRow, ...] = (
     PrecisionRow(
         name="64-true", param_dtype="float64", compute_dtype="float64", scaler=False,
-        plugin="double", output_dtype="float64",
+        plugin="double",
+        output_dtype="float64",
+        factory="interlock.strategies.precision.double:DoublePrecision",
         description="double precision parameters and compute",
     ),
     PrecisionRow(
         name="32-true", param_dtype="float32", compute_dtype="float32", scaler=False,
         plugin="true",
+        factory="interlock.strategies.precision.base:Precision",
         description="full single precision (the default)",
     ),
     PrecisionRow(
         name="16-true", param_dtype="float16", compute_dtype="float16", scaler=False,
         plugin="half",
+        factory="interlock.strategies.precision.half:HalfPrecision",
         description="parameters and compute in float16, no scaler",
     ),
     PrecisionRow(
         name="bf16-true", param_dtype="bfloat16", compute_dtype="bfloat16", scaler=False,
         plugin="half",
+        factory="interlock.strategies.precision.half:HalfPrecision",
         description="parameters and compute in bfloat16",
     ),
     PrecisionRow(
         name="16-mixed", param_dtype="float32", compute_dtype="float16", scaler=True,
         plugin="mixed",
+        factory="interlock.strategies.precision.mixed:MixedPrecision",
         description="float32 parameters, float16 autocast, gradient scaler",
     ),
     PrecisionRow(
         name="bf16-mixed", param_dtype="float32", compute_dtype="bfloat16", scaler=False,
         plugin="mixed",
+        factory="interlock.strategies.precision.mixed:MixedPrecision",
         description="float32 parameters, bfloat16 autocast",
     ),
     PrecisionRow(
         name="transformer-engine", param_dtype="bfloat16", compute_dtype="float8",
         plugin="transformer_engine",
+        factory="interlock.strategies.precision.transformer_engine:TransformerEnginePrecision",
         scaler=False, requires=("transformer_engine",),
         description="NVIDIA Transformer Engine FP8 layers, bfloat16 elsewhere",
     ),
     PrecisionRow(
         name="transformer-engine-float16", param_dtype="float16", compute_dtype="float8",
         plugin="transformer_engine",
+        factory="interlock.strategies.precision.transformer_engine:TransformerEnginePrecision",
         scaler=False, requires=("transformer_engine",),
         description="NVIDIA Transformer Engine FP8 layers, float16 elsewhere",
     ),
@@ -129,6 +174,13 @@ class AcceleratorRow:
         backend: the torch.distributed backend its processes use.
         runner: the conformance runner that exercises it, if any.
         description: one line for the docs.
+        factory: ``"package.module:Class"`` of its Accelerator class.
+        strategies: strategies that run on it, beyond those whose own row lists it
+            (built-in rows leave this empty: the strategy rows list them).
+
+    A registered (third-party) accelerator counts its devices in
+    ``Machine.extra_devices`` under its name: its ``machine_fact`` is
+    ``"extra_devices"``.
     """
 
     name: str
@@ -139,26 +191,39 @@ class AcceleratorRow:
     requires: tuple[str, ...] = ()
     max_devices: int | None = None
     description: str
+    factory: str
+    strategies: frozenset[str] = frozenset()
 
+    def __post_init__(self) -> None:
+        _freeze(self, sets=("precisions", "strategies"), tuples=("requires",))
+
+
+#: The Machine field that counts a registered accelerator's devices, by its name (the
+#: ``machine_fact`` of every registered accelerator row).
+EXTRA_DEVICES_FACT = "extra_devices"
 
 ACCELERATORS: tuple[AcceleratorRow, ...] = (
     AcceleratorRow(
         name="cpu", machine_fact=None, precisions=NUMERIC_PRECISIONS, backend="gloo",
+        factory="interlock.strategies.accelerators.cpu:CPUAccelerator",
         runner="cpu",
         description="CPU processes; gloo for collectives",
     ),
     AcceleratorRow(
         name="cuda", machine_fact="cuda_devices", backend="nccl", runner="cuda",
+        factory="interlock.strategies.accelerators.cuda:CUDAAccelerator",
         precisions=frozenset(PRECISION_NAMES),
         description="NVIDIA (or ROCm) GPUs; nccl for collectives",
     ),
     AcceleratorRow(
         name="mps", machine_fact="mps_available", max_devices=1, backend="gloo",
+        factory="interlock.strategies.accelerators.mps:MPSAccelerator",
         precisions=NUMERIC_PRECISIONS - {"64-true"},
         description="Apple silicon GPU through Metal (one device, no float64)",
     ),
     AcceleratorRow(
         name="xla", machine_fact="xla_devices", requires=("torch_xla",), backend="xla",
+        factory="interlock.strategies.accelerators.xla:XLAAccelerator",
         runner="tpu",
         precisions=frozenset(("32-true", "16-true", "bf16-true")),
         description="TPU cores (or other PJRT devices) through torch_xla",
@@ -197,6 +262,7 @@ class LauncherRow:
         launches_single: whether it starts a process even for one device
             (spawn-style launchers do; the script launcher runs in place).
         description: one line for the docs.
+        factory: ``"package.module:Class"`` of its Launcher class.
     """
 
     name: str
@@ -204,31 +270,38 @@ class LauncherRow:
     interactive: bool
     launches_single: bool
     description: str
+    factory: str
 
 
 LAUNCHERS: tuple[LauncherRow, ...] = (
     LauncherRow(
         name="subprocess", start_method=None, interactive=False, launches_single=False,
+        factory="interlock.strategies.launchers.subprocess_script:SubprocessScriptLauncher",
         description="re-runs the user's script once per extra local rank",
     ),
     LauncherRow(
         name="spawn", start_method="spawn", interactive=False, launches_single=True,
+        factory="interlock.strategies.launchers.multiprocessing:MultiProcessingLauncher",
         description="torch.multiprocessing with the spawn start method",
     ),
     LauncherRow(
         name="fork", start_method="fork", interactive=True, launches_single=True,
+        factory="interlock.strategies.launchers.multiprocessing:MultiProcessingLauncher",
         description="torch.multiprocessing with the fork start method",
     ),
     LauncherRow(
         name="forkserver", start_method="forkserver", interactive=False, launches_single=True,
+        factory="interlock.strategies.launchers.multiprocessing:MultiProcessingLauncher",
         description="torch.multiprocessing with the forkserver start method",
     ),
     LauncherRow(
         name="xla", start_method="fork", interactive=True, launches_single=False,
+        factory="interlock.strategies.launchers.xla:XLALauncher",
         description="torch_xla's multiprocessing launcher",
     ),
     LauncherRow(
         name="external", start_method=None, interactive=True, launches_single=False,
+        factory="interlock.strategies.launchers.external:ExternalLauncher",
         description="processes were created by torchrun, srun, mpirun, jsrun or Kubeflow",
     ),
 )
@@ -312,6 +385,7 @@ class ClusterRow:
         local_rank_vars: variables holding this process's rank on its node.
         one_process_per_node: the cluster always starts one process per node.
         description: one line for the docs.
+        factory: ``"package.module:Class"`` of its ClusterEnvironment class.
     """
 
     name: str
@@ -325,6 +399,11 @@ class ClusterRow:
     local_rank_vars: tuple[str, ...] = ()
     one_process_per_node: bool = False
     description: str
+    factory: str
+
+    def __post_init__(self) -> None:
+        _freeze(self, sets=(), tuples=("variables", "world_size_vars", "local_size_vars",
+                                       "nodes_vars", "local_rank_vars"))
 
 
 #: In detection order: the first row whose predicate holds is the environment.
@@ -332,6 +411,7 @@ class ClusterRow:
 CLUSTERS: tuple[ClusterRow, ...] = (
     ClusterRow(
         name="torchelastic", detect=_all_of("TORCHELASTIC_RUN_ID"),
+        factory="interlock.strategies.environments.torchelastic:TorchElasticEnvironment",
         detect_doc="TORCHELASTIC_RUN_ID is set", external=True,
         variables=(
             "TORCHELASTIC_RUN_ID", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE",
@@ -343,6 +423,7 @@ CLUSTERS: tuple[ClusterRow, ...] = (
     ),
     ClusterRow(
         name="slurm", detect=_slurm_detect,
+        factory="interlock.strategies.environments.slurm:SLURMEnvironment",
         detect_doc="SLURM_NTASKS is set and srun started the process (SLURM_STEP_ID or "
         "SLURM_STEPID is set)",
         external=True,
@@ -361,6 +442,7 @@ CLUSTERS: tuple[ClusterRow, ...] = (
     ),
     ClusterRow(
         name="kubeflow",
+        factory="interlock.strategies.environments.kubeflow:KubeflowEnvironment",
         detect=_all_of("KUBERNETES_PORT", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"),
         detect_doc="KUBERNETES_PORT, MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK are set",
         external=True,
@@ -370,6 +452,7 @@ CLUSTERS: tuple[ClusterRow, ...] = (
     ),
     ClusterRow(
         name="lsf",
+        factory="interlock.strategies.environments.lsf:LSFEnvironment",
         detect=_all_of(
             "LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_SIZE"
         ),
@@ -385,6 +468,7 @@ CLUSTERS: tuple[ClusterRow, ...] = (
     ),
     ClusterRow(
         name="mpi", detect=_mpi_detect,
+        factory="interlock.strategies.environments.mpi:MPIEnvironment",
         detect_doc="OMPI_COMM_WORLD_SIZE or PMI_SIZE is greater than 1",
         external=True,
         variables=(
@@ -399,6 +483,7 @@ CLUSTERS: tuple[ClusterRow, ...] = (
     ),
     ClusterRow(
         name="external", detect=external_launcher_detect,
+        factory="interlock.strategies.environments.external:ExternalLauncherEnvironment",
         detect_doc="RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are set and "
         f"{RENDEZVOUS_VARIABLE} is not",
         external=True,
@@ -413,10 +498,12 @@ CLUSTERS: tuple[ClusterRow, ...] = (
     ),
     ClusterRow(
         name="xla", detect=None, detect_doc="the accelerator is xla", external=False,
+        factory="interlock.strategies.environments.xla:XLAEnvironment",
         description="torch_xla runtime (PJRT) on a TPU host",
     ),
     ClusterRow(
         name="local", detect=None, detect_doc="nothing else matched", external=False,
+        factory="interlock.strategies.environments.local:LocalEnvironment",
         description="a plain machine; interlock's launcher creates the processes",
     ),
 )

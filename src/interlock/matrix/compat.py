@@ -28,14 +28,13 @@ from typing import Any
 import interlock
 from interlock.connector.builtin import BUILTIN_STRATEGIES
 from interlock.connector.errors import ResolutionError
+from interlock.connector.parts_registry import (
+    ACCELERATOR_REGISTRY,
+    PRECISION_REGISTRY,
+    accelerator_rows,
+)
 from interlock.connector.planner import DevicesFlag, Plan, plan
 from interlock.connector.specs import StrategySpec
-from interlock.connector.tables import (
-    ACCELERATOR_NAMES,
-    ACCELERATOR_ROWS,
-    ACCELERATORS,
-    PRECISION_NAMES,
-)
 from interlock.matrix.profiles import PROFILES, Profile, profile_named
 
 DOCS_DIR = Path("docs")
@@ -59,8 +58,19 @@ ACCELERATOR_PROFILES: Mapping[str, str] = {
 #: The conformance runner that exercises each accelerator (mps has none yet, so its
 #: cells can only be declared).
 RUNNER_FOR_ACCELERATOR: Mapping[str, str] = MappingProxyType(
-    {row.name: row.runner for row in ACCELERATORS if row.runner is not None}
+    {row.name: row.runner for row in ACCELERATOR_REGISTRY.builtin if row.runner is not None}
 )
+
+
+def builtin_accelerators() -> tuple[str, ...]:
+    """The accelerators the committed documents cover: the built-in ones, read from the
+    registry (a third-party row installed here must not change the documents)."""
+    return tuple(row.name for row in ACCELERATOR_REGISTRY.builtin)
+
+
+def builtin_precisions() -> tuple[str, ...]:
+    """The precisions the committed documents cover: the built-in ones, in table order."""
+    return tuple(row.name for row in PRECISION_REGISTRY.builtin)
 
 #: Launch environments in table order (each is a profile's ``environment`` field).
 ENVIRONMENTS: tuple[str, ...] = ("local", "notebook", "torchrun", "slurm", "no-fork")
@@ -388,7 +398,7 @@ def one_device(spec: StrategySpec, accelerator: str | None = None) -> bool:
     """Whether the strategy (or the accelerator, when given) takes one device per node."""
     limits = [spec.max_devices]
     if accelerator is not None:
-        limits.append(ACCELERATOR_ROWS[accelerator].max_devices)
+        limits.append(accelerator_rows()[accelerator].max_devices)
     return 1 in limits
 
 
@@ -445,7 +455,8 @@ def compute(specs: Iterable[StrategySpec] | None = None,
     presets = tuple(s for s in chosen if s.variant_of is not None)
 
     tables = []
-    for accelerator in ACCELERATOR_NAMES:
+    precisions = builtin_precisions()
+    for accelerator in builtin_accelerators():
         profile = profile_named(ACCELERATOR_PROFILES[accelerator])
         runner = RUNNER_FOR_ACCELERATOR.get(accelerator)
         rows = []
@@ -453,7 +464,7 @@ def compute(specs: Iterable[StrategySpec] | None = None,
         for spec in rows_specs:
             devices = table_devices(spec, accelerator)
             cells = []
-            for precision in PRECISION_NAMES:
+            for precision in precisions:
                 outcome, _ = _resolve(accelerator, devices, spec.name, precision, 1, profile)
                 found = () if runner is None else verification.get((spec.name, runner,
                                                                     precision), ())
@@ -462,7 +473,7 @@ def compute(specs: Iterable[StrategySpec] | None = None,
                 cells.append(outcome)
             rows.append((spec, tuple(cells)))
             devices_used.append(devices)
-        grid = Grid(anchor=accelerator, columns=PRECISION_NAMES, across="all precisions",
+        grid = Grid(anchor=accelerator, columns=precisions, across="all precisions",
                     rows=tuple(rows))
         tables.append(AcceleratorTable(accelerator=accelerator, profile=profile,
                                        runner=runner, devices=tuple(devices_used),
@@ -614,7 +625,7 @@ def _caption(table: AcceleratorTable) -> str:
     text = (f"accelerator=\"{table.accelerator}\" on the `{table.profile.name}` profile "
             f"({table.profile.description}); {', '.join(f'devices={d}' for d in used)} as "
             "fits each strategy, num_nodes=1.")
-    extras = sorted(table.profile.machine.packages - set(ACCELERATOR_ROWS[table.accelerator]
+    extras = sorted(table.profile.machine.packages - set(accelerator_rows()[table.accelerator]
                                                           .requires))
     if extras:
         text += (f" {' and '.join(extras)} {'is' if len(extras) == 1 else 'are'} installed "
@@ -672,7 +683,7 @@ def _layout_sentence() -> str:
 def _rules() -> list[str]:
     """What counts as verified, paragraph by paragraph (inline syntax)."""
     runners = ", ".join(f"{a}: `{r}`" for a, r in RUNNER_FOR_ACCELERATOR.items())
-    unrun = [a for a in ACCELERATOR_NAMES if a not in RUNNER_FOR_ACCELERATOR]
+    unrun = [a for a in builtin_accelerators() if a not in RUNNER_FOR_ACCELERATOR]
     exercised = [e for e in ENVIRONMENTS if e in EXERCISED_ENVIRONMENTS]
     others = [e for e in ENVIRONMENTS if e not in EXERCISED_ENVIRONMENTS]
     return [

@@ -12,14 +12,16 @@ from collections.abc import Mapping, Sequence
 
 from interlock.connector.errors import ResolutionError
 from interlock.connector.machine import Machine
+from interlock.connector.parts_registry import (
+    PART_KINDS,
+    REGISTRIES,
+    current_parts,
+    part_entry_points,
+)
 from interlock.connector.planner import DevicesFlag, Plan, plan
+from interlock.connector.registration import EntryPointStatus
 from interlock.connector.registry import strategy_entry_points, strategy_specs
 from interlock.connector.specs import StrategySpec
-from interlock.connector.tables import (
-    ACCELERATOR_NAMES,
-    ACCELERATORS,
-    PRECISION_NAMES,
-)
 from interlock.matrix.profiles import PROFILES, profile_named
 
 OK = "yes"
@@ -55,8 +57,9 @@ def _placed(result: Plan) -> str:
 
 
 def usable_accelerators(machine: Machine) -> dict[str, Plan | ResolutionError]:
-    """Per accelerator, the default plan with devices="auto", or why there is none."""
-    return {a: _try(machine, a, "auto") for a in ACCELERATOR_NAMES}
+    """Per accelerator (built-in and registered), the default plan with
+    devices="auto", or why there is none."""
+    return {a: _try(machine, a, "auto") for a in current_parts().accelerator_names}
 
 
 def runners(machine: Machine) -> dict[str, str | None]:
@@ -64,7 +67,7 @@ def runners(machine: Machine) -> dict[str, str | None]:
     runner is available where the engine resolves its accelerator (the accelerator
     table names each accelerator's runner)."""
     found: dict[str, str | None] = {}
-    for row in ACCELERATORS:
+    for row in current_parts().accelerators.values():
         if row.runner is None:
             continue
         tried = _try(machine, row.name, "auto")
@@ -84,7 +87,7 @@ def _precision_lines(machine: Machine, accelerator: str,
         target = specs[name]
         accepted, refused = [], []
         first_refusal: ResolutionError | None = None
-        for precision in PRECISION_NAMES:
+        for precision in current_parts().precision_names:
             result = _try(machine, accelerator, _devices_for(target), name, precision)
             if isinstance(result, Plan):
                 accepted.append(precision)
@@ -114,15 +117,32 @@ def _runtime_missing(spec: StrategySpec) -> str | None:
 def entry_point_lines() -> list[str]:
     """One line per installed strategy entry point: what it registered, or why it
     failed to load (its strategies are then refused with that error)."""
-    found = strategy_entry_points()
+    return _status_lines(strategy_entry_points(), "no strategies")
+
+
+def _status_lines(found: Sequence[EntryPointStatus], nothing: str) -> list[str]:
     if not found:
         return ["  none installed"]
     lines = []
     for ep in found:
         if ep.error is None:
-            lines.append(f"  {OK} {ep.describe()}: {', '.join(ep.strategies) or 'no strategies'}")
+            lines.append(f"  {OK} {ep.describe()}: {', '.join(ep.names) or nothing}")
         else:
             lines.append(f"  {NO} {ep.describe()} failed to load: {ep.error}")
+    return lines
+
+
+def part_entry_point_lines() -> list[str]:
+    """Per part kind with installed entry points (``interlock.precisions``, ...), one
+    line per entry point: the rows it registered, or why it failed to load. Empty when
+    no package provides parts."""
+    lines: list[str] = []
+    for kind in PART_KINDS:
+        found = part_entry_points(kind)
+        if found:
+            registry = REGISTRIES[kind]
+            lines += ["", f"{registry.noun.capitalize()} entry points ({registry.group}):"]
+            lines += _status_lines(found, f"no {registry.plural}")
     return lines
 
 
@@ -166,6 +186,7 @@ def doctor_report(machine: Machine | None = None) -> str:
         out += _precision_lines(machine, accelerator, specs)
     out += ["", "Strategy entry points (interlock.strategies):"]
     out += entry_point_lines()
+    out += part_entry_point_lines()
     out += ["", "Conformance runners:"]
     for runner, why_not in runners(machine).items():
         if why_not is None:

@@ -5,8 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from interlock.connector.builtin import BUILTIN_STRATEGIES
+from interlock.connector.parts_registry import (
+    ACCELERATOR_REGISTRY,
+    PRECISION_REGISTRY,
+    current_parts,
+)
 from interlock.connector.registry import strategy_specs
-from interlock.connector.tables import ACCELERATOR_INPUTS, LEGACY_PRECISIONS, PRECISION_NAMES
+from interlock.connector.tables import ACCELERATOR_ALIASES, ACCELERATOR_CHOOSERS, LEGACY_PRECISIONS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,12 +36,29 @@ class FlagSpace:
                 * len(self.precisions) * len(self.num_nodes))
 
 
+#: the accelerator flag values of the built-in rows: 'auto', each accelerator, the
+#: other choosers ('gpu') and the aliases ('tpu')
+_BUILTIN_ACCELERATOR_INPUTS: tuple[str, ...] = (
+    "auto", *(row.name for row in ACCELERATOR_REGISTRY.builtin),
+    *(c for c in ACCELERATOR_CHOOSERS if c != "auto"), *ACCELERATOR_ALIASES,
+)
+
+#: the flag space over the built-in accelerators and precisions (and every registered
+#: strategy); `registered_space` covers registered accelerators and precisions too
 FLAG_SPACE = FlagSpace(
-    accelerators=ACCELERATOR_INPUTS,
+    accelerators=_BUILTIN_ACCELERATOR_INPUTS,
     devices=("auto", 1, 2, 4, 8, -1, "0,1", [1], 0, "[]"),
-    precisions=(*PRECISION_NAMES, *LEGACY_PRECISIONS),
+    precisions=(*(row.name for row in PRECISION_REGISTRY.builtin), *LEGACY_PRECISIONS),
     num_nodes=(1, 2),
 )
+
+
+def registered_space() -> FlagSpace:
+    """`FLAG_SPACE` over every accelerator and precision registered now (built-in and
+    third-party), read from the registries at call time."""
+    parts = current_parts()
+    return replace(FLAG_SPACE, accelerators=parts.accelerator_inputs,
+                   precisions=(*parts.precision_names, *LEGACY_PRECISIONS))
 
 #: the space matrix.lock pins: the built-in strategies only, so that a third-party
 #: strategy installed in a development environment does not change the lock

@@ -1,0 +1,238 @@
+"""What is wrong with a would-be part row, as sentences (empty when it is valid).
+
+Imported when a row is registered, not with the engine.
+
+One function per part kind, like `interlock.connector.specs.spec_problems` for
+strategies. Each checks a row against the rows already registered (``known``): a row
+may only refer to what exists when it is registered. Entry point groups load in the
+order precisions, accelerators, cluster environments, launchers, strategies, so each
+relation is declared by the row that comes later: an accelerator names its precisions,
+a strategy its accelerators, precisions and launcher, and a precision or an accelerator
+may name the already registered (usually built-in) strategies that take it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from interlock.connector.limits import MAX_DEVICES_PER_NODE
+from interlock.connector.machine import START_METHODS
+from interlock.connector.registration import FACTORY_PATTERN, NAME_PATTERN
+from interlock.connector.tables import (
+    ACCELERATOR_ALIASES,
+    ACCELERATOR_CHOOSERS,
+    ACCELERATORS,
+    EXTRA_DEVICES_FACT,
+    INSTALL_HINTS,
+    LEGACY_PRECISIONS,
+    STRATEGY_PRECISION_PLUGINS,
+    AcceleratorRow,
+    ClusterRow,
+    LauncherRow,
+    PrecisionRow,
+)
+
+#: Names of precisions: ``"bf16-mixed"``, ``"fp8-e4m3"``.
+PRECISION_NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+_DTYPE_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
+
+#: Cluster environment names that would give a detection rule the id of another rule
+#: of the cluster stage (``cluster/<name>``).
+RESERVED_ENVIRONMENT_NAMES: frozenset[str] = frozenset({"plugin", "consistent"})
+
+#: Conformance runners named by the built-in accelerator rows.
+RUNNERS: tuple[str, ...] = tuple(r.runner for r in ACCELERATORS if r.runner is not None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Known:
+    """The rows registered so far, which a new row may refer to."""
+
+    precisions: Mapping[str, PrecisionRow]
+    accelerators: Mapping[str, AcceleratorRow]
+    #: strategy specs by name (typed loosely: the specs module depends on this one)
+    strategies: Mapping[str, Any]
+
+
+def _is_str(value: object) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+def _common(row: Any, pattern: re.Pattern[str], problems: list[str]) -> None:
+    name = row.name
+    if not isinstance(name, str) or not pattern.match(name):
+        allowed = ("lowercase letters, digits and underscores, starting with a letter"
+                   if pattern is NAME_PATTERN else
+                   "lowercase letters, digits, '-', '_' and '.', starting with a letter "
+                   "or digit")
+        problems.append(f"name {name!r} must be {allowed}")
+    if not isinstance(row.factory, str) or not FACTORY_PATTERN.match(row.factory):
+        problems.append(f"factory {row.factory!r} must look like 'package.module:Class'")
+    if not _is_str(row.description):
+        problems.append("description must be a non-empty string")
+
+
+def _names(value: object, field: str, problems: list[str]) -> frozenset[str]:
+    if not isinstance(value, frozenset) or not all(isinstance(v, str) for v in value):
+        problems.append(f"{field} must be a set of names, got {type(value).__name__}")
+        return frozenset()
+    return value
+
+
+def _requires(value: object, problems: list[str]) -> None:
+    if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+        problems.append(f"requires must be a tuple of package names, got {value!r}")
+        return
+    unknown = sorted(p for p in value if p not in INSTALL_HINTS)
+    if unknown:
+        problems.append(f"requires {unknown} are not optional packages the engine knows; "
+                        f"known: {', '.join(INSTALL_HINTS)}")
+
+
+def _bool(row: Any, field: str, problems: list[str]) -> None:
+    if not isinstance(getattr(row, field), bool):
+        problems.append(f"{field} must be a bool, got {getattr(row, field)!r}")
+
+
+def _strategies(value: frozenset[str], known: Known, problems: list[str],
+                own_precision: bool) -> None:
+    unknown = sorted(s for s in value if s not in known.strategies)
+    if unknown:
+        problems.append(f"strategies {unknown} are not registered; a row may name only "
+                        "strategies registered before it (a third-party strategy declares "
+                        "this row in its own StrategySpec instead)")
+    if own_precision:
+        own = sorted(s for s in value if s in known.strategies
+                     and getattr(known.strategies[s], "precision_plugin", None) is not None)
+        if own:
+            problems.append(
+                f"strategies {own} build their own precision plugin "
+                f"({', '.join(sorted({known.strategies[s].precision_plugin for s in own}))}), "
+                "which cannot implement another precision; name strategies without one")
+
+
+def precision_problems(row: object, known: Known) -> list[str]:
+    """Everything wrong with a would-be precision row."""
+    if not isinstance(row, PrecisionRow):
+        return [f"expected a PrecisionRow, got {type(row).__name__}"]
+    problems: list[str] = []
+    _common(row, PRECISION_NAME_PATTERN, problems)
+    if isinstance(row.name, str) and (row.name in LEGACY_PRECISIONS or row.name.isdigit()):
+        meaning = LEGACY_PRECISIONS.get(row.name)
+        problems.append(f"name {row.name!r} is a legacy precision alias"
+                        + (f" (of {meaning!r})" if meaning else " or reads as one"))
+    for field in ("param_dtype", "compute_dtype"):
+        value = getattr(row, field)
+        if not isinstance(value, str) or not _DTYPE_PATTERN.match(value):
+            problems.append(f"{field} {value!r} must be a dtype name such as 'bfloat16'")
+    if not isinstance(row.output_dtype, str) or not _DTYPE_PATTERN.match(row.output_dtype):
+        problems.append(f"output_dtype {row.output_dtype!r} must be 'default' or a dtype name")
+    _bool(row, "scaler", problems)
+    if not isinstance(row.plugin, str) or not _DTYPE_PATTERN.match(row.plugin):
+        problems.append(f"plugin {row.plugin!r} must name a precision plugin family "
+                        "(lowercase letters, digits and underscores)")
+    elif row.plugin in STRATEGY_PRECISION_PLUGINS:
+        problems.append(f"plugin {row.plugin!r} is a strategy's own precision family "
+                        f"({', '.join(STRATEGY_PRECISION_PLUGINS)}), not a precision's")
+    _requires(row.requires, problems)
+    accelerators = _names(row.accelerators, "accelerators", problems)
+    unknown = sorted(a for a in accelerators if a not in known.accelerators)
+    if unknown:
+        problems.append(f"accelerators {unknown} are unknown; known: "
+                        f"{', '.join(known.accelerators)}")
+    _strategies(_names(row.strategies, "strategies", problems), known, problems,
+                own_precision=True)
+    return problems
+
+
+def accelerator_problems(row: object, known: Known) -> list[str]:
+    """Everything wrong with a would-be accelerator row."""
+    if not isinstance(row, AcceleratorRow):
+        return [f"expected an AcceleratorRow, got {type(row).__name__}"]
+    problems: list[str] = []
+    _common(row, NAME_PATTERN, problems)
+    if row.name in ACCELERATOR_CHOOSERS or row.name in ACCELERATOR_ALIASES:
+        problems.append(f"name {row.name!r} is an accelerator input of its own "
+                        f"({', '.join((*ACCELERATOR_CHOOSERS, *ACCELERATOR_ALIASES))})")
+    if row.machine_fact != EXTRA_DEVICES_FACT:
+        problems.append(f"machine_fact must be {EXTRA_DEVICES_FACT!r}: a registered "
+                        f"accelerator's devices are counted in Machine.{EXTRA_DEVICES_FACT}"
+                        f"[{row.name!r}], got {row.machine_fact!r}")
+    precisions = _names(row.precisions, "precisions", problems)
+    if isinstance(row.precisions, frozenset) and not precisions:
+        problems.append("precisions must name at least one precision")
+    unknown = sorted(p for p in precisions if p not in known.precisions)
+    if unknown:
+        problems.append(f"precisions {unknown} are unknown; known: "
+                        f"{', '.join(known.precisions)}")
+    if not _is_str(row.backend):
+        problems.append("backend must name a torch.distributed backend, e.g. 'gloo'")
+    if row.runner is not None and row.runner not in RUNNERS:
+        problems.append(f"runner {row.runner!r} is unknown; known: {', '.join(RUNNERS)} "
+                        "or None")
+    _requires(row.requires, problems)
+    if row.max_devices is not None and (
+        not isinstance(row.max_devices, int) or isinstance(row.max_devices, bool)
+        or not 1 <= row.max_devices <= MAX_DEVICES_PER_NODE
+    ):
+        problems.append(f"max_devices must be None or an int from 1 to {MAX_DEVICES_PER_NODE}")
+    _strategies(_names(row.strategies, "strategies", problems), known, problems,
+                own_precision=False)
+    return problems
+
+
+def environment_problems(row: object, known: Known) -> list[str]:
+    """Everything wrong with a would-be cluster environment row."""
+    if not isinstance(row, ClusterRow):
+        return [f"expected a ClusterRow, got {type(row).__name__}"]
+    problems: list[str] = []
+    _common(row, NAME_PATTERN, problems)
+    if row.name in RESERVED_ENVIRONMENT_NAMES:
+        problems.append(f"name {row.name!r} is reserved (its detection rule's id, "
+                        f"cluster/{row.name}, is another rule's)")
+    if row.detect is not None and not callable(row.detect):
+        problems.append("detect must be None or a callable taking the environment mapping")
+    if not _is_str(row.detect_doc):
+        problems.append("detect_doc must say in words when it is detected")
+    _bool(row, "external", problems)
+    _bool(row, "one_process_per_node", problems)
+    variables = row.variables
+    if not isinstance(variables, tuple) or not all(isinstance(v, str) for v in variables):
+        problems.append(f"variables must be a tuple of variable names, got {variables!r}")
+        variables = ()
+    for field in ("world_size_vars", "local_size_vars", "nodes_vars", "local_rank_vars"):
+        value = getattr(row, field)
+        if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+            problems.append(f"{field} must be a tuple of variable names, got {value!r}")
+            continue
+        undeclared = [v for v in value if v not in variables]
+        if undeclared:
+            problems.append(f"{field} reads {undeclared}, which variables does not declare "
+                            "(Machine.probe() keeps only declared variables)")
+    return problems
+
+
+def launcher_problems(row: object, known: Known) -> list[str]:
+    """Everything wrong with a would-be launcher row."""
+    if not isinstance(row, LauncherRow):
+        return [f"expected a LauncherRow, got {type(row).__name__}"]
+    problems: list[str] = []
+    _common(row, NAME_PATTERN, problems)
+    if row.start_method is not None and row.start_method not in START_METHODS:
+        problems.append(f"start_method {row.start_method!r} is unknown; known: "
+                        f"{', '.join(START_METHODS)} or None")
+    _bool(row, "interactive", problems)
+    _bool(row, "launches_single", problems)
+    return problems
+
+
+#: The check for each part kind.
+CHECKS: Mapping[str, Callable[[object, Known], list[str]]] = {
+    "precisions": precision_problems,
+    "accelerators": accelerator_problems,
+    "environments": environment_problems,
+    "launchers": launcher_problems,
+}

@@ -1,0 +1,96 @@
+"""Every built-in part row names its implementation: a ``"module:Class"`` string the
+engine never imports. Here each one is imported and checked against the runtime."""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+from typing import Any
+
+import pytest
+
+from interlock.connector.parts_registry import (
+    ACCELERATOR_REGISTRY,
+    ENVIRONMENT_REGISTRY,
+    LAUNCHER_REGISTRY,
+    PRECISION_REGISTRY,
+)
+from interlock.connector.tables import AcceleratorRow, ClusterRow, LauncherRow, PrecisionRow
+
+
+def load(factory: str) -> Any:
+    module, _, attribute = factory.partition(":")
+    target: Any = importlib.import_module(module)
+    for part in attribute.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def _ids(rows: tuple[Any, ...]) -> list[str]:
+    return [row.name for row in rows]
+
+
+@pytest.mark.parametrize("row", PRECISION_REGISTRY.builtin, ids=_ids(PRECISION_REGISTRY.builtin))
+def test_precision_factory_is_the_plugin_the_runtime_builds(row: PrecisionRow) -> None:
+    from interlock.strategies.precision import MissingPackageError, Precision, precision_for
+
+    cls = load(row.factory)
+    assert isinstance(cls, type) and issubclass(cls, Precision), (
+        f"precision {row.name!r}: factory {row.factory} is not a Precision class")
+    try:
+        built = precision_for(row.name, "cpu")
+    except MissingPackageError:  # Transformer Engine: the class is all we can check
+        assert "transformer_engine" in row.requires
+        return
+    assert type(built) is cls, (
+        f"precision {row.name!r}: the row names {row.factory}, but precision_for builds "
+        f"{type(built).__module__}:{type(built).__qualname__} (plugin family {row.plugin!r})")
+
+
+@pytest.mark.parametrize("row", ACCELERATOR_REGISTRY.builtin,
+                         ids=_ids(ACCELERATOR_REGISTRY.builtin))
+def test_accelerator_factory_is_the_class_of_that_name(row: AcceleratorRow) -> None:
+    from interlock.strategies.accelerators import ACCELERATOR_CLASSES, Accelerator
+
+    cls = load(row.factory)
+    assert isinstance(cls, type) and issubclass(cls, Accelerator), row.factory
+    assert cls.name == row.name, f"{row.factory}.name is {cls.name!r}, the row {row.name!r}"
+    assert ACCELERATOR_CLASSES[row.name] is cls
+
+
+@pytest.mark.parametrize("row", ENVIRONMENT_REGISTRY.builtin,
+                         ids=_ids(ENVIRONMENT_REGISTRY.builtin))
+def test_environment_factory_is_the_class_of_that_name(row: ClusterRow) -> None:
+    from interlock.strategies.environments import ENVIRONMENTS, ClusterEnvironment
+
+    cls = load(row.factory)
+    assert isinstance(cls, type) and issubclass(cls, ClusterEnvironment), row.factory
+    assert cls.name == row.name, f"{row.factory}.name is {cls.name!r}, the row {row.name!r}"
+    assert ENVIRONMENTS[row.name] is cls
+
+
+@pytest.mark.parametrize("row", LAUNCHER_REGISTRY.builtin, ids=_ids(LAUNCHER_REGISTRY.builtin))
+def test_launcher_factory_is_a_launcher_of_that_name(row: LauncherRow) -> None:
+    from interlock.strategies.launchers import Launcher, MultiProcessingLauncher
+
+    cls = load(row.factory)
+    assert isinstance(cls, type) and issubclass(cls, Launcher), row.factory
+    name = getattr(cls, "name", None)
+    if isinstance(name, str):
+        assert name == row.name, f"{row.factory}.name is {name!r}, the row {row.name!r}"
+        return
+    # the multiprocessing launcher is named by the start method it is made with
+    assert cls is MultiProcessingLauncher and row.start_method == row.name, row
+    if row.start_method not in multiprocessing.get_all_start_methods():
+        pytest.skip(f"this platform has no {row.start_method!r} start method")
+    assert MultiProcessingLauncher(start_method=row.start_method, num_processes=1).name == (
+        row.name)
+
+
+def test_the_engine_never_imports_a_factory() -> None:
+    """Every factory lives in the runtime (or a plugin), which the engine never imports:
+    the factory strings name modules outside interlock.connector."""
+    for registry in (PRECISION_REGISTRY, ACCELERATOR_REGISTRY, ENVIRONMENT_REGISTRY,
+                     LAUNCHER_REGISTRY):
+        for row in registry.builtin:
+            assert row.factory.startswith("interlock.strategies."), (registry.kind, row)

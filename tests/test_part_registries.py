@@ -1,0 +1,422 @@
+"""Registries of part rows: precisions, accelerators, cluster environments, launchers.
+
+A registered row takes part in `plan()` like a built-in one, refusals name it, an entry
+point of each part group loads lazily (rows all or none), a broken one is named rather
+than dropped, and every registration changes the version the plan memo is keyed by.
+Entry points are simulated by replacing `importlib.metadata.entry_points`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+from collections.abc import Callable, Iterator, Mapping
+from importlib import metadata
+from importlib.metadata import EntryPoint, EntryPoints
+from typing import Any
+
+import pytest
+
+from interlock import Machine, RegistrationError, ResolutionError, StrategySpec, plan
+from interlock.connector import parts_registry, registry
+from interlock.connector.docs import render_rules_markdown
+from interlock.connector.parts_registry import (
+    REGISTRIES,
+    accelerator_rows,
+    broken_part_entry_points,
+    environment_rows,
+    part_entry_points,
+    precision_rows,
+    register_accelerator,
+    register_environment,
+    register_launcher,
+    register_part,
+    register_precision,
+    unregister_accelerator,
+    unregister_environment,
+    unregister_precision,
+)
+from interlock.connector.registry import registry_version
+from interlock.connector.tables import AcceleratorRow, ClusterRow, LauncherRow, PrecisionRow
+from machines import CPU, ONE_GPU
+
+FP8 = PrecisionRow(
+    name="fp8-ilk", param_dtype="bfloat16", compute_dtype="float8_e4m3fn", scaler=False,
+    plugin="ilk_fp8", description="bfloat16 parameters, an in-house float8 kernel",
+    factory="ilk_parts:FP8Precision", accelerators=frozenset({"cpu"}),
+    strategies=frozenset({"single_device", "ddp"}),
+)
+
+NPU = AcceleratorRow(
+    name="ilk_npu", machine_fact="extra_devices", precisions=frozenset({"32-true", "bf16-mixed"}),
+    backend="hccl", description="an in-house NPU", factory="ilk_parts:NPUAccelerator",
+    strategies=frozenset({"single_device", "ddp"}),
+)
+
+
+def _grid_detect(env: Mapping[str, str]) -> bool:
+    return "ILK_GRID_JOB" in env
+
+
+GRID = ClusterRow(
+    name="ilk_grid", detect=_grid_detect, detect_doc="ILK_GRID_JOB is set", external=True,
+    variables=("ILK_GRID_JOB", "ILK_GRID_SIZE", "ILK_GRID_LOCAL_RANK"),
+    world_size_vars=("ILK_GRID_SIZE",), local_rank_vars=("ILK_GRID_LOCAL_RANK",),
+    description="an in-house grid scheduler", factory="ilk_parts:GridEnvironment",
+)
+GRID_JOB = {"ILK_GRID_JOB": "7", "ILK_GRID_SIZE": "2", "ILK_GRID_LOCAL_RANK": "0"}
+#: what torchrun-like launchers export as well; the grid is detected before `external`
+TORCH_VARIABLES = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "m",
+                   "MASTER_PORT": "1234"}
+
+RAY = LauncherRow(name="ilk_ray", start_method=None, interactive=True, launches_single=True,
+                  description="Ray actors", factory="ilk_parts:RayLauncher")
+
+
+@pytest.fixture
+def clean() -> Iterator[None]:
+    """Every registry (parts and strategies) as it was, whatever the test registers."""
+    parts_registry.current_parts()  # loaded before the snapshot, as in any process
+    saved = {kind: (dict(r.rows), r.entry_points) for kind, r in REGISTRIES.items()}
+    specs, loaded = dict(registry._specs), registry._entry_points_loaded
+    strategy_entry_points = registry._entry_points
+    yield
+    for kind, r in REGISTRIES.items():
+        rows, entry_points = saved[kind]
+        r.rows.clear()
+        r.rows.update(rows)
+        r.entry_points = entry_points
+    parts_registry._loaded = True
+    parts_registry._version += 1
+    registry._specs.clear()
+    registry._specs.update(specs)
+    registry._entry_points_loaded = loaded
+    registry._entry_points = strategy_entry_points
+    registry._version += 1
+
+
+def _plugin_module(monkeypatch: pytest.MonkeyPatch, name: str, **attributes: object) -> None:
+    module = types.ModuleType(name)
+    for key, value in attributes.items():
+        setattr(module, key, value)
+    monkeypatch.setitem(sys.modules, name, module)
+
+
+def _install(monkeypatch: pytest.MonkeyPatch, *entries: tuple[str, str, str]) -> None:
+    """Make ``(group, name, "module:attribute")`` the installed entry points, and make
+    every registry load its group again on next use."""
+    installed = EntryPoints(EntryPoint(name=n, value=v, group=g) for g, n, v in entries)
+
+    def entry_points(**params: Any) -> EntryPoints:
+        return installed.select(**params) if params else installed
+
+    monkeypatch.setattr(metadata, "entry_points", entry_points)
+    parts_registry._loaded = False
+    registry._entry_points_loaded = False
+
+
+def _refusal(**flags: Any) -> ResolutionError:
+    with pytest.raises(ResolutionError) as info:
+        plan(**flags)
+    return info.value
+
+
+# --------------------------------------------------------------------------- precisions
+
+
+@pytest.mark.usefixtures("clean")
+def test_a_registered_precision_works_where_its_row_says_and_nowhere_else() -> None:
+    register_precision(FP8)
+    assert plan(precision="fp8-ilk", machine=CPU).precision == "fp8-ilk"
+    assert plan(precision="fp8-ilk", strategy="ddp", devices=2, machine=CPU).world_size == 2
+    # a preset of a strategy the row names follows it
+    assert plan(precision="fp8-ilk", strategy="ddp_find_unused_parameters_true", devices=2,
+                machine=CPU).precision == "fp8-ilk"
+    # a strategy the row does not name refuses it, and lists what it takes
+    error = _refusal(precision="fp8-ilk", strategy="ddp_spawn", devices=2, machine=CPU)
+    assert (error.code, error.rule) == ("unsupported-precision",
+                                        "precision/unsupported-by-strategy")
+    assert "fp8-ilk" not in error.choices and "32-true" in error.choices
+    # an accelerator the row does not name refuses it
+    error = _refusal(precision="fp8-ilk", accelerator="cuda", machine=ONE_GPU)
+    assert (error.code, error.rule) == ("unsupported-precision",
+                                        "precision/unsupported-by-accelerator")
+    assert "fp8-ilk" not in str(error).split("supports", 1)[1], str(error)
+    # and it is offered where it works
+    error = _refusal(precision="transformer-engine", machine=CPU)
+    assert "fp8-ilk" in error.choices, error.choices
+
+
+@pytest.mark.usefixtures("clean")
+def test_a_registered_precision_is_a_choice_and_a_did_you_mean() -> None:
+    register_precision(FP8)
+    error = _refusal(precision="fp8-ilj", machine=CPU)
+    assert error.code == "unknown-precision"
+    assert error.suggestion == "fp8-ilk" and "fp8-ilk" in error.choices
+
+
+@pytest.mark.usefixtures("clean")
+def test_unregistering_restores_the_built_in_answer() -> None:
+    before = _refusal(precision="fp8-ilk", machine=CPU)
+    register_precision(FP8)
+    plan(precision="fp8-ilk", machine=CPU)
+    unregister_precision("fp8-ilk")
+    after = _refusal(precision="fp8-ilk", machine=CPU)
+    assert (after.code, after.choices, after.rule) == (before.code, before.choices, before.rule)
+    assert "fp8-ilk" not in precision_rows()
+
+
+@pytest.mark.usefixtures("clean")
+def test_every_registration_changes_the_memo_version() -> None:
+    first = plan(machine=CPU)
+    assert plan(machine=CPU) is first  # memoised
+    rows: list[tuple[Callable[..., None], Any, Callable[[str], None]]] = [
+        (register_precision, FP8, unregister_precision),
+        (register_accelerator, NPU, unregister_accelerator),
+        (register_environment, GRID, unregister_environment),
+        (register_launcher, RAY, parts_registry.unregister_launcher),
+    ]
+    for register, row, unregister in rows:
+        version = registry_version()
+        register(row)
+        assert registry_version() != version, f"registering {row.name} kept the version"
+        assert plan(machine=CPU) is not first, f"{row.name}: a plan from the memo survived"
+        version = registry_version()
+        register(row)  # the same row again: harmless, nothing changes
+        assert registry_version() == version
+        unregister(row.name)
+        assert registry_version() != version, f"unregistering {row.name} kept the version"
+
+
+@pytest.mark.usefixtures("clean")
+def test_registration_refuses_a_taken_name_and_built_in_removal() -> None:
+    clash = dataclasses.replace(FP8, name="bf16-mixed")
+    with pytest.raises(RegistrationError, match=r"precision 'bf16-mixed' from "
+                       r"register_precision\(\): the name is already taken by a built-in "
+                       r"precision \(interlock\.strategies\.precision\.mixed:MixedPrecision\)"):
+        register_precision(clash)
+    with pytest.raises(RegistrationError, match="cannot unregister built-in accelerator 'cuda'"):
+        unregister_accelerator("cuda")
+    with pytest.raises(RegistrationError, match="expected a PrecisionRow, AcceleratorRow"):
+        register_part("not a row")
+    register_part(FP8)
+    assert precision_rows()["fp8-ilk"] is FP8
+
+
+def test_the_views_are_read_only() -> None:
+    with pytest.raises(TypeError):
+        precision_rows()["x"] = FP8  # type: ignore[index]
+
+
+@pytest.mark.usefixtures("clean")
+def test_a_malformed_row_lists_every_problem() -> None:
+    bad = PrecisionRow(
+        name="16", param_dtype="Float 16", compute_dtype="float16", scaler="no",  # type: ignore[arg-type]
+        plugin="fsdp", description="", factory="no-colon", requires=("apex",),
+        accelerators=frozenset({"tpu9"}), strategies=frozenset({"fsdp", "nope"}),
+    )
+    with pytest.raises(RegistrationError) as info:
+        register_precision(bad)
+    message = str(info.value)
+    for fragment in ("legacy precision alias (of '16-mixed')", "param_dtype 'Float 16'",
+                     "scaler must be a bool", "plugin 'fsdp' is a strategy's own",
+                     "description", "factory 'no-colon'", "['apex']", "['tpu9'] are unknown",
+                     "strategies ['nope'] are not registered",
+                     "strategies ['fsdp'] build their own precision plugin (fsdp)"):
+        assert fragment in message, f"{fragment!r} missing from: {message}"
+    bad_npu = dataclasses.replace(NPU, name="gpu", machine_fact="cuda_devices",
+                                  precisions=frozenset({"fp4"}), backend="", max_devices=0)
+    with pytest.raises(RegistrationError) as info:
+        register_accelerator(bad_npu)
+    message = str(info.value)
+    for fragment in ("name 'gpu' is an accelerator input of its own",
+                     "machine_fact must be 'extra_devices'", "precisions ['fp4'] are unknown",
+                     "backend must name", "max_devices must be None or an int"):
+        assert fragment in message, f"{fragment!r} missing from: {message}"
+    bad_grid = dataclasses.replace(GRID, name="plugin", local_size_vars=("ILK_UNDECLARED",),
+                                   detect="yes")  # type: ignore[arg-type]
+    with pytest.raises(RegistrationError) as info:
+        register_environment(bad_grid)
+    message = str(info.value)
+    for fragment in ("name 'plugin' is reserved", "detect must be None or a callable",
+                     "local_size_vars reads ['ILK_UNDECLARED']"):
+        assert fragment in message, f"{fragment!r} missing from: {message}"
+    with pytest.raises(RegistrationError, match="start_method 'thread' is unknown"):
+        register_launcher(dataclasses.replace(RAY, start_method="thread"))
+
+
+@pytest.mark.usefixtures("clean")
+def test_strategies_may_declare_registered_parts() -> None:
+    register_precision(dataclasses.replace(FP8, strategies=frozenset()))
+    register_accelerator(NPU)
+    register_launcher(RAY)
+    spec = StrategySpec(
+        name="ilk_ray_ddp", factory="ilk_parts:RayDDP", description="DDP over Ray actors",
+        family="ddp", accelerators=frozenset({"cpu", "ilk_npu"}),
+        precisions=frozenset({"32-true", "fp8-ilk"}), launcher="ilk_ray",
+    )
+    registry.register_strategy(spec)
+    result = plan(strategy="ilk_ray_ddp", precision="fp8-ilk", devices=2, machine=CPU)
+    assert (result.launcher, result.precision) == ("ilk_ray", "fp8-ilk")
+    assert spec.interactive  # from the registered launcher row
+    # nobody else takes the precision now: the row names no strategy
+    assert _refusal(precision="fp8-ilk", machine=CPU).code == "unsupported-precision"
+
+
+def test_the_rules_page_documents_the_built_in_rows_only(clean: None) -> None:
+    committed = render_rules_markdown()
+    register_precision(FP8)
+    register_accelerator(NPU)
+    register_environment(GRID)
+    assert render_rules_markdown() == committed
+
+
+# --------------------------------------------------------------------------- accelerators
+
+
+@pytest.mark.usefixtures("clean")
+def test_a_registered_accelerator_takes_part_in_auto() -> None:
+    register_accelerator(NPU)
+    npus = Machine(extra_devices={"ilk_npu": 4})
+    result = plan(machine=npus)
+    assert (result.accelerator, result.strategy) == ("ilk_npu", "ddp")
+    assert result.parallel_devices == ("ilk_npu:0", "ilk_npu:1", "ilk_npu:2", "ilk_npu:3")
+    fired = [step.rule for step in result.trace]
+    assert "accelerator/auto-ilk_npu" in fired and "devices/ilk_npu-all" in fired, fired
+    assert plan(devices=1, machine=npus).strategy == "single_device"
+    assert plan(devices=[2], accelerator="ilk_npu", machine=npus).parallel_devices == (
+        "ilk_npu:2",)
+    # after the built-in device kinds: CUDA still wins where it is present
+    both = Machine(cuda_devices=2, extra_devices={"ilk_npu": 4})
+    assert plan(machine=both).accelerator == "cuda"
+    assert plan(accelerator="ilk_npu", machine=both).accelerator == "ilk_npu"
+    # without its devices it is refused with the machine fact
+    error = _refusal(accelerator="ilk_npu", machine=CPU)
+    assert error.code == "accelerator-unavailable"
+    assert "this machine has 0 ilk_npu devices" in error.reason
+    assert _refusal(accelerator="ilk_npu", devices=8, machine=npus).code == (
+        "devices-unavailable")
+    assert _refusal(accelerator="ilk_npu", precision="16-mixed", machine=npus).code == (
+        "unsupported-precision")
+    assert _refusal(accelerator="ilk_npu", strategy="fsdp", machine=npus).code == (
+        "unsupported-accelerator")
+    error = _refusal(accelerator="ilk_npv", machine=npus)
+    assert error.suggestion == "ilk_npu" and "ilk_npu" in error.choices
+
+
+def test_machine_extra_devices_are_validated() -> None:
+    assert Machine(extra_devices={"ilk_npu": 2}) != Machine()
+    assert Machine(extra_devices={"ilk_npu": 2}).to_dict()["extra_devices"] == {"ilk_npu": 2}
+    assert "extra_devices" not in Machine().to_dict()
+    for bad, fragment in (({"cuda": 1}, "built-in accelerator 'cuda'"),
+                          ({"NPU": 1}, "not an accelerator name"),
+                          ({"ilk_npu": -1}, "must be an int >= 0"),
+                          ({"ilk_npu": True}, "must be an int >= 0"),
+                          ({"ilk_npu": 10**6}, "at most 4096")):
+        with pytest.raises(ValueError, match=fragment):
+            Machine(extra_devices=bad)
+
+
+# --------------------------------------------------------------------------- environments
+
+
+@pytest.mark.usefixtures("clean")
+def test_an_environment_from_an_entry_point_is_detected_and_shown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _plugin_module(monkeypatch, "ilk_parts", ENVIRONMENTS=lambda: [GRID])
+    _install(monkeypatch, ("interlock.environments", "grid", "ilk_parts:ENVIRONMENTS"))
+    result = plan(devices=2, machine=Machine(environ=GRID_JOB))
+    assert (result.cluster_environment, result.launcher) == ("ilk_grid", "external")
+    assert "cluster/ilk_grid" in [step.rule for step in result.trace]
+    assert "cluster environment:  ilk_grid" in result.explain()
+    (status,) = part_entry_points("environments")
+    assert (status.name, status.names, status.broken) == ("grid", ("ilk_grid",), False)
+    assert environment_rows()["ilk_grid"] is GRID
+    # before `external`, which torch's variables alone would choose
+    both = Machine(environ={**GRID_JOB, **TORCH_VARIABLES})
+    assert plan(devices=2, machine=both).cluster_environment == "ilk_grid"
+    # after the built-in detectors of specific clusters
+    elastic = Machine(environ={**GRID_JOB, **TORCH_VARIABLES, "TORCHELASTIC_RUN_ID": "r"})
+    assert plan(devices=2, machine=elastic).cluster_environment == "torchelastic"
+    # its variables describe the job's geometry, checked like a built-in cluster's
+    error = _refusal(devices=4, machine=Machine(environ=GRID_JOB))
+    assert (error.code, error.rule) == ("cluster-mismatch", "cluster/world-size-mismatch")
+
+
+@pytest.mark.usefixtures("clean")
+def test_probing_keeps_a_registered_environments_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    register_environment(GRID)
+    for name, value in GRID_JOB.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("ILK_UNDECLARED", "x")
+    environ = Machine.probe().environ
+    assert {k: environ.get(k) for k in GRID_JOB} == GRID_JOB
+    assert "ILK_UNDECLARED" not in environ
+
+
+@pytest.mark.usefixtures("clean")
+def test_an_entry_point_registers_its_rows_all_or_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    bad = dataclasses.replace(FP8, name="fp8-bad", plugin="deepspeed")
+    _plugin_module(monkeypatch, "ilk_parts", PRECISIONS=(FP8, bad), ONE=NPU)
+    _install(monkeypatch, ("interlock.precisions", "fp8", "ilk_parts:PRECISIONS"),
+             ("interlock.accelerators", "npu", "ilk_parts:ONE"))
+    with pytest.warns(RuntimeWarning, match=r"entry point 'fp8' \(ilk_parts:PRECISIONS\) "
+                      r"failed to load, so the precisions it provides are unavailable"):
+        rows = precision_rows()
+    assert "fp8-ilk" not in rows and "fp8-bad" not in rows
+    (broken,) = broken_part_entry_points()
+    assert broken.names == ("fp8", "fp8-ilk", "fp8-bad")
+    assert "plugin 'deepspeed' is a strategy's own precision family" in str(broken.error)
+    assert "ilk_npu" in accelerator_rows()  # the other group is not affected
+
+
+# --------------------------------------------------------------------------- broken
+
+
+@pytest.mark.usefixtures("clean")
+def test_a_broken_entry_point_of_each_kind_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from interlock.matrix.doctor import doctor_report
+
+    _install(monkeypatch,
+             ("interlock.precisions", "fp8", "ilk_missing_precision:ROWS"),
+             ("interlock.accelerators", "npu", "ilk_missing_accelerator:ROWS"),
+             ("interlock.environments", "grid", "ilk_missing_environment:ROWS"),
+             ("interlock.launchers", "ray", "ilk_missing_launcher:ROWS"))
+    with pytest.warns(RuntimeWarning) as warned:
+        statuses = part_entry_points()
+    assert len(warned) == 4, [str(w.message) for w in warned]
+    assert [(ep.group, ep.name, ep.broken) for ep in statuses] == [
+        ("interlock.precisions", "fp8", True), ("interlock.accelerators", "npu", True),
+        ("interlock.environments", "grid", True), ("interlock.launchers", "ray", True)]
+    for ep in statuses:
+        assert "ModuleNotFoundError" in str(ep.error), ep
+
+    # a precision or accelerator name nobody registered points at the broken plugin
+    error = _refusal(precision="fp8-ilk", machine=CPU)
+    assert error.code == "unknown-precision"
+    assert ("the entry point 'fp8' (ilk_missing_precision:ROWS) failed to load and may "
+            "provide it: ModuleNotFoundError") in error.reason, error.reason
+    error = _refusal(accelerator="ilk_npu", machine=CPU)
+    assert error.code == "unknown-accelerator"
+    assert "entry point 'npu' (ilk_missing_accelerator:ROWS) failed to load" in error.reason
+    # a plan chosen without the environments a broken plugin provides says so
+    notes = plan(machine=CPU).notes
+    assert any("entry point 'grid' (ilk_missing_environment:ROWS), which failed to load"
+               in note and "local was chosen without them" in note for note in notes), notes
+    # a strategy naming the launcher a broken plugin provides is refused, naming it
+    with pytest.raises(RegistrationError, match=r"launcher 'ilk_ray' is unknown.*entry "
+                       r"point 'ray' \(ilk_missing_launcher:ROWS\) failed to load"):
+        registry.register_strategy(StrategySpec(
+            name="ilk_ray_ddp", factory="ilk_parts:RayDDP", description="DDP over Ray",
+            family="ddp", accelerators=frozenset({"cpu"}), precisions=frozenset({"32-true"}),
+            launcher="ilk_ray"))
+    # and the doctor lists each group's entry points with the error
+    report = doctor_report(CPU)
+    for group, name in (("interlock.precisions", "fp8"), ("interlock.accelerators", "npu"),
+                        ("interlock.environments", "grid"), ("interlock.launchers", "ray")):
+        assert f"({group}):" in report, report
+        assert f"no  entry point {name!r} (ilk_missing_" in report, report
