@@ -50,23 +50,23 @@ def test_precision_factory_is_the_plugin_the_runtime_builds(row: PrecisionRow) -
 @pytest.mark.parametrize("row", ACCELERATOR_REGISTRY.builtin,
                          ids=_ids(ACCELERATOR_REGISTRY.builtin))
 def test_accelerator_factory_is_the_class_of_that_name(row: AcceleratorRow) -> None:
-    from interlock.strategies.accelerators import ACCELERATOR_CLASSES, Accelerator
+    from interlock.strategies.accelerators import Accelerator, accelerator_for
 
     cls = load(row.factory)
     assert isinstance(cls, type) and issubclass(cls, Accelerator), row.factory
     assert cls.name == row.name, f"{row.factory}.name is {cls.name!r}, the row {row.name!r}"
-    assert ACCELERATOR_CLASSES[row.name] is cls
+    assert type(accelerator_for(row.name)) is cls, "accelerator_for builds another class"
 
 
 @pytest.mark.parametrize("row", ENVIRONMENT_REGISTRY.builtin,
                          ids=_ids(ENVIRONMENT_REGISTRY.builtin))
 def test_environment_factory_is_the_class_of_that_name(row: ClusterRow) -> None:
-    from interlock.strategies.environments import ENVIRONMENTS, ClusterEnvironment
+    from interlock.strategies.environments import ClusterEnvironment, environment_for
 
     cls = load(row.factory)
     assert isinstance(cls, type) and issubclass(cls, ClusterEnvironment), row.factory
     assert cls.name == row.name, f"{row.factory}.name is {cls.name!r}, the row {row.name!r}"
-    assert ENVIRONMENTS[row.name] is cls
+    assert type(environment_for(row.name, {})) is cls, "environment_for builds another class"
 
 
 @pytest.mark.parametrize("row", LAUNCHER_REGISTRY.builtin, ids=_ids(LAUNCHER_REGISTRY.builtin))

@@ -18,11 +18,11 @@ from collections.abc import Mapping
 
 from interlock.connector.errors import ResolutionError
 from interlock.connector.machine import OPTIONAL_PACKAGES, Machine
+from interlock.connector.parts_registry import current_parts
 from interlock.connector.planner import plan
-from interlock.connector.tables import ENVIRONMENT_VARIABLES
 
 #: Prefixes of the variables launchers, schedulers and communication libraries set,
-#: beyond the ones the engine reads (:data:`ENVIRONMENT_VARIABLES`).
+#: beyond the ones the engine reads (every cluster environment row's variables).
 VARIABLE_PREFIXES: tuple[str, ...] = (
     "TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_", "PMIX_", "LSB_", "JSM_", "KUBERNETES_",
     "MASTER_", "NCCL_", "GLOO_", "TORCH_", "PJRT_", "TPU_", "XLA_", "INTERLOCK_",
@@ -61,9 +61,10 @@ def cluster_variables(environ: Mapping[str, str] | None = None) -> dict[str, str
     """The launcher, scheduler and communication variables set in ``environ`` (this
     process's by default), sorted by name, with secret values elided."""
     env = os.environ if environ is None else environ
+    engine_reads = frozenset(current_parts().environment_variables)  # registered rows too
     chosen = {
         name: shown_value(name, value) for name, value in env.items()
-        if name in ENVIRONMENT_VARIABLES or name in VARIABLE_NAMES
+        if name in engine_reads or name in VARIABLE_NAMES
         or name.startswith(VARIABLE_PREFIXES)
     }
     return dict(sorted(chosen.items()))

@@ -7,6 +7,20 @@ lives with the strategies.
 
 from interlock.connector.errors import ERROR_CODES, ResolutionError
 from interlock.connector.machine import Machine
+from interlock.connector.parts_registry import (
+    accelerator_rows,
+    environment_rows,
+    launcher_rows,
+    precision_rows,
+    register_accelerator,
+    register_environment,
+    register_launcher,
+    register_precision,
+    unregister_accelerator,
+    unregister_environment,
+    unregister_launcher,
+    unregister_precision,
+)
 from interlock.connector.planner import STAGES, Plan, plan
 from interlock.connector.registry import (
     RegistrationError,
@@ -15,19 +29,36 @@ from interlock.connector.registry import (
     unregister_strategy,
 )
 from interlock.connector.specs import StrategySpec
+from interlock.connector.tables import AcceleratorRow, ClusterRow, LauncherRow, PrecisionRow
 from interlock.connector.trace import TraceStep
 
 __all__ = [
     "ERROR_CODES",
     "STAGES",
+    "AcceleratorRow",
+    "ClusterRow",
+    "LauncherRow",
     "Machine",
     "Plan",
+    "PrecisionRow",
     "RegistrationError",
     "ResolutionError",
     "StrategySpec",
     "TraceStep",
+    "accelerator_rows",
+    "environment_rows",
+    "launcher_rows",
     "plan",
+    "precision_rows",
+    "register_accelerator",
+    "register_environment",
+    "register_launcher",
+    "register_precision",
     "register_strategy",
     "strategy_specs",
+    "unregister_accelerator",
+    "unregister_environment",
+    "unregister_launcher",
+    "unregister_precision",
     "unregister_strategy",
 ]

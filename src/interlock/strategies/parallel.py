@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 
-from interlock.connector.tables import ACCELERATOR_ROWS
+from interlock.connector.parts_registry import accelerator_rows
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.base import Strategy
 from interlock.strategies.collectives import Collective, TorchCollective
@@ -137,7 +137,7 @@ class ParallelStrategy(Strategy):
         """gloo for cpu, nccl for cuda, unless given."""
         if self._backend is not None:
             return self._backend
-        return ACCELERATOR_ROWS[self.parallel_devices[0].type].backend
+        return accelerator_rows()[self.parallel_devices[0].type].backend
 
     @property
     def num_processes(self) -> int:

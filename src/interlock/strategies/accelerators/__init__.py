@@ -2,29 +2,37 @@
 
 from __future__ import annotations
 
+from interlock.connector.parts_registry import accelerator_rows
 from interlock.strategies.accelerators.base import Accelerator
 from interlock.strategies.accelerators.cpu import CPUAccelerator
 from interlock.strategies.accelerators.cuda import CUDAAccelerator
 from interlock.strategies.accelerators.mps import MPSAccelerator
 from interlock.strategies.accelerators.xla import XLAAccelerator
 
-ACCELERATOR_CLASSES: dict[str, type[Accelerator]] = {
-    cls.name: cls for cls in (CPUAccelerator, CUDAAccelerator, MPSAccelerator, XLAAccelerator)
-}
-
 
 def accelerator_for(name: str) -> Accelerator:
-    """The accelerator instance for an engine accelerator name."""
-    try:
-        return ACCELERATOR_CLASSES[name]()
-    except KeyError:
+    """The accelerator instance for an accelerator row's name (built-in or registered):
+    its ``factory`` class, made with no arguments.
+
+    Raises:
+        ValueError: no accelerator row has that name.
+        TypeError: the row's factory is not an :class:`Accelerator` class.
+    """
+    from interlock.strategies.factories import load_part
+
+    row = accelerator_rows().get(name)
+    if row is None:
         raise ValueError(
-            f"no accelerator named {name!r}; known: {', '.join(ACCELERATOR_CLASSES)}"
-        ) from None
+            f"no accelerator named {name!r}; known: {', '.join(accelerator_rows())}"
+        )
+    cls = load_part("accelerator", name, row.factory, row.requires)
+    if not (isinstance(cls, type) and issubclass(cls, Accelerator)):
+        raise TypeError(f"accelerator {name!r}: its factory {row.factory} is not a "
+                        "subclass of interlock.strategies.accelerators.Accelerator")
+    return cls()
 
 
 __all__ = [
-    "ACCELERATOR_CLASSES",
     "Accelerator",
     "CPUAccelerator",
     "CUDAAccelerator",

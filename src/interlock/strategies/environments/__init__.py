@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from types import MappingProxyType
 
 from interlock.strategies.environments.base import ClusterEnvironment
 from interlock.strategies.environments.external import ExternalLauncherEnvironment
@@ -17,23 +16,6 @@ from interlock.strategies.environments.slurm import SLURMEnvironment
 from interlock.strategies.environments.torchelastic import TorchElasticEnvironment
 from interlock.strategies.environments.xla import XLAEnvironment
 
-#: The class for each of the engine's cluster names (``CLUSTER_NAMES``).
-ENVIRONMENTS: Mapping[str, type[ClusterEnvironment]] = MappingProxyType(
-    {
-        cls.name: cls
-        for cls in (
-            TorchElasticEnvironment,
-            SLURMEnvironment,
-            KubeflowEnvironment,
-            LSFEnvironment,
-            MPIEnvironment,
-            ExternalLauncherEnvironment,
-            XLAEnvironment,
-            LocalEnvironment,
-        )
-    }
-)
-
 
 def environment_for(name: str, environ: Mapping[str, str] | None = None) -> ClusterEnvironment:
     """The cluster environment for one of the engine's cluster names (a Plan's
@@ -42,18 +24,25 @@ def environment_for(name: str, environ: Mapping[str, str] | None = None) -> Clus
     Raises:
         ValueError: ``name`` is not a cluster name the engine knows.
     """
-    cls = ENVIRONMENTS.get(name)
-    if cls is None:
-        close = difflib.get_close_matches(name, list(ENVIRONMENTS), n=1)
+    from interlock.connector.parts_registry import environment_rows
+    from interlock.strategies.factories import load_part
+
+    rows = environment_rows()
+    row = rows.get(name)
+    if row is None:
+        close = difflib.get_close_matches(name, list(rows), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ValueError(
-            f"unknown cluster environment {name!r}.{hint} Choices: {', '.join(ENVIRONMENTS)}."
+            f"unknown cluster environment {name!r}.{hint} Choices: {', '.join(rows)}."
         )
+    cls = load_part("cluster environment", name, row.factory)
+    if not (isinstance(cls, type) and issubclass(cls, ClusterEnvironment)):
+        raise TypeError(f"cluster environment {name!r}: its factory {row.factory} is not a "
+                        "subclass of interlock.strategies.environments.ClusterEnvironment")
     return cls(environ)
 
 
 __all__ = [
-    "ENVIRONMENTS",
     "ClusterEnvironment",
     "ExternalLauncherEnvironment",
     "KubeflowEnvironment",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from interlock.connector.tables import LAUNCHER_ROWS
+from interlock.connector.parts_registry import launcher_rows
+from interlock.strategies.factories import load_part
 from interlock.strategies.launchers import history
 from interlock.strategies.launchers.base import Launcher, LaunchError, RankFailedError
 from interlock.strategies.launchers.external import ExternalLauncher
@@ -28,26 +29,22 @@ def launcher_for(name: str | None, *, num_processes: int, num_nodes: int,
     whatever this copy of the script planned.
 
     Raises:
-        ValueError: ``name`` is not in the launcher table.
+        ValueError: no launcher row (built-in or registered) has that name.
+        TypeError: the row's factory is not a :class:`Launcher` class.
     """
     if name is None:
         return None
-    if name not in LAUNCHER_ROWS:
-        raise ValueError(f"unknown launcher {name!r}; choose {', '.join(LAUNCHER_ROWS)}")
+    row = launcher_rows().get(name)
+    if row is None:
+        raise ValueError(f"unknown launcher {name!r}; choose {', '.join(launcher_rows())}")
     if name in ("subprocess", "external") and history.is_script_child():
         return SubprocessScriptLauncher(num_processes=num_processes)
-    if name == "external":
-        return ExternalLauncher()
-    if name == "xla":
-        return XLALauncher(num_processes=num_processes)
-    node_rank, address, port = cluster.node_rank(), cluster.main_address, cluster.main_port
-    if name == "subprocess":
-        return SubprocessScriptLauncher(num_processes=num_processes, node_rank=node_rank,
-                                        num_nodes=num_nodes, main_address=address,
-                                        main_port=port)
-    return MultiProcessingLauncher(start_method=str(LAUNCHER_ROWS[name].start_method),
-                                   num_processes=num_processes, node_rank=node_rank,
-                                   num_nodes=num_nodes, main_address=address, main_port=port)
+    cls = load_part("launcher", name, row.factory)
+    if not (isinstance(cls, type) and issubclass(cls, Launcher)):
+        raise TypeError(f"launcher {name!r}: its factory {row.factory} is not a subclass "
+                        "of interlock.strategies.launchers.Launcher")
+    return cls.for_job(row, num_processes=num_processes, num_nodes=num_nodes,
+                       cluster=cluster)
 
 
 __all__ = [

@@ -12,12 +12,16 @@ import traceback
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from interlock.connector.tables import LAUNCHER_ROWS
+from interlock.connector.parts_registry import launcher_rows
 from interlock.strategies.preemption import Preempted
+
+if TYPE_CHECKING:
+    from interlock.connector.tables import LauncherRow
+    from interlock.strategies.environments import ClusterEnvironment
 
 #: Environment variable through which interlock's launchers hand workers the
 #: rendezvous store's address ("host:port"); the store itself lives in the launching
@@ -58,9 +62,21 @@ class Launcher(ABC):
     #: the engine's launcher name (subprocess, spawn, fork, forkserver, xla, external)
     name: str
 
+    @classmethod
+    def for_job(cls, row: LauncherRow, *, num_processes: int, num_nodes: int,
+                cluster: ClusterEnvironment) -> Launcher:
+        """The launcher a plan's launcher ``row`` names, for ``num_processes`` per node
+        on ``num_nodes`` nodes, with ``cluster`` saying where this node stands: how
+        :func:`~interlock.strategies.launchers.launcher_for` builds the class a launcher
+        row's ``factory`` names. The default passes the three as keyword arguments;
+        classes with another constructor override it."""
+        return cls(num_processes=num_processes, num_nodes=num_nodes,  # type: ignore[call-arg]
+                   cluster=cluster)
+
     @property
     def is_interactive_compatible(self) -> bool:
-        return LAUNCHER_ROWS[self.name].interactive
+        row = launcher_rows().get(self.name)
+        return row is not None and row.interactive
 
     @abstractmethod
     def launch(self, entry: WorkerEntry, *args: Any, **kwargs: Any) -> Any:

@@ -11,7 +11,7 @@ import tempfile
 import time
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.multiprocessing as mp
@@ -41,6 +41,10 @@ START_METHODS = tuple(
     r.start_method for r in LAUNCHERS if r.start_method is not None and r.name == r.start_method
 )
 
+if TYPE_CHECKING:
+    from interlock.connector.tables import LauncherRow
+    from interlock.strategies.environments import ClusterEnvironment
+
 
 class MultiProcessingLauncher(Launcher):
     """Starts one worker per local device with a multiprocessing start method.
@@ -49,6 +53,15 @@ class MultiProcessingLauncher(Launcher):
     workers, and returns rank 0's result. If any worker fails, the others are
     terminated and :class:`RankFailedError` names the rank with its traceback.
     """
+
+    @classmethod
+    def for_job(cls, row: LauncherRow, *, num_processes: int, num_nodes: int,
+                cluster: ClusterEnvironment) -> Launcher:
+        if row.start_method is None:
+            raise LaunchError(f"launcher row {row.name!r} names no start method")
+        return cls(start_method=row.start_method, num_processes=num_processes,
+                   node_rank=cluster.node_rank(), num_nodes=num_nodes,
+                   main_address=cluster.main_address, main_port=cluster.main_port)
 
     def __init__(self, *, start_method: str, num_processes: int, node_rank: int = 0,
                  num_nodes: int = 1, main_address: str = "127.0.0.1",

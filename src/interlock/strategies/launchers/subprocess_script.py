@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -44,6 +44,10 @@ from interlock.strategies.launchers.rendezvous import (
     release_store,
 )
 from interlock.strategies.preemption import DEFAULT_GRACE, PREEMPTED_EXIT_CODE, Preempted
+
+if TYPE_CHECKING:
+    from interlock.connector.tables import LauncherRow
+    from interlock.strategies.environments import ClusterEnvironment
 
 
 def script_command() -> list[str]:
@@ -101,6 +105,13 @@ class SubprocessScriptLauncher(Launcher):
     """
 
     name = "subprocess"
+
+    @classmethod
+    def for_job(cls, row: LauncherRow, *, num_processes: int, num_nodes: int,
+                cluster: ClusterEnvironment) -> Launcher:
+        return cls(num_processes=num_processes, node_rank=cluster.node_rank(),
+                   num_nodes=num_nodes, main_address=cluster.main_address,
+                   main_port=cluster.main_port)
 
     def __init__(self, *, num_processes: int, node_rank: int = 0, num_nodes: int = 1,
                  main_address: str = "127.0.0.1", main_port: int = 0) -> None:

@@ -9,12 +9,16 @@ import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from interlock.strategies.accelerators.xla import import_torch_xla
 from interlock.strategies.launchers.base import Launcher, LaunchError, WorkerEntry
 
 _RESULT = "rank0.result"
+
+if TYPE_CHECKING:
+    from interlock.connector.tables import LauncherRow
+    from interlock.strategies.environments import ClusterEnvironment
 
 
 class XLALauncher(Launcher):
@@ -28,6 +32,11 @@ class XLALauncher(Launcher):
     """
 
     name = "xla"
+
+    @classmethod
+    def for_job(cls, row: LauncherRow, *, num_processes: int, num_nodes: int,
+                cluster: ClusterEnvironment) -> Launcher:
+        return cls(num_processes=num_processes)
 
     def __init__(self, *, num_processes: int) -> None:
         self.num_processes = num_processes

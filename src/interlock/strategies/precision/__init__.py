@@ -6,12 +6,9 @@ imports ``transformer_engine`` until a Transformer Engine plugin is created.
 
 from __future__ import annotations
 
-from interlock.connector.tables import (
-    ACCELERATOR_NAMES,
-    PRECISION_NAMES,
-    PRECISION_ROWS,
-    STRATEGY_PRECISION_PLUGINS,
-)
+from interlock.connector.parts_registry import accelerator_rows, precision_rows
+from interlock.connector.tables import STRATEGY_PRECISION_PLUGINS
+from interlock.strategies.factories import load_part
 from interlock.strategies.precision.base import Precision
 from interlock.strategies.precision.double import DoublePrecision
 from interlock.strategies.precision.half import HalfPrecision
@@ -49,32 +46,28 @@ def precision_for(name: str, device_type: str, plugin: str | None = None) -> Pre
         ValueError: for a name, device type or plugin family that is not canonical.
         MissingPackageError: for a Transformer Engine precision without the package.
     """
-    if device_type not in ACCELERATOR_NAMES:
+    accelerators = accelerator_rows()
+    if device_type not in accelerators:
         raise ValueError(
             f"precision_for(device_type={device_type!r}): expected one of "
-            f"{', '.join(map(repr, ACCELERATOR_NAMES))}"
+            f"{', '.join(map(repr, accelerators))}"
         )
-    row = PRECISION_ROWS.get(name)
+    row = precision_rows().get(name)
     if row is None:
         raise ValueError(
             f"precision_for(name={name!r}): expected a canonical precision, one of "
-            f"{', '.join(map(repr, PRECISION_NAMES))}"
+            f"{', '.join(map(repr, precision_rows()))}"
         )
     if plugin is not None:
         return _strategy_precision(plugin, name, device_type)
-    # which plugin family implements a precision is a table fact (PrecisionRow.plugin)
-    family = row.plugin
-    if family == "true":
-        return Precision()
-    if family == "double":
-        return DoublePrecision()
-    if family == "half":
-        return HalfPrecision(name)
-    if family == "mixed":
-        return MixedPrecision(name, device_type)
-    if family == "transformer_engine":
-        return TransformerEnginePrecision(name)
-    raise RuntimeError(f"internal error: no plugin family {family!r} for {name!r}")
+    # the class that implements a precision is its row's factory (built-in or registered)
+    cls = load_part("precision", name, row.factory, row.requires)
+    if not (isinstance(cls, type) and issubclass(cls, Precision)):
+        raise TypeError(
+            f"precision {name!r}: its factory {row.factory} is not a subclass of "
+            "interlock.strategies.precision.Precision"
+        )
+    return cls.for_precision(name, device_type)
 
 
 def _strategy_precision(plugin: str, name: str, device_type: str) -> Precision:

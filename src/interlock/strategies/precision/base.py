@@ -22,6 +22,14 @@ class Precision:
     #: canonical precision name from the engine's table
     precision: str = "32-true"
 
+    @classmethod
+    def for_precision(cls, precision: str, device_type: str) -> Precision:
+        """The plugin for a plan's ``precision`` on ``device_type``: how
+        :func:`~interlock.strategies.precision.precision_for` builds the class a
+        precision row's ``factory`` names. The default takes no arguments; classes whose
+        constructor needs the name or the device type override it."""
+        return cls()
+
     def convert_module(self, module: nn.Module) -> nn.Module:
         """Cast or wrap the module's parameters for this precision."""
         return module

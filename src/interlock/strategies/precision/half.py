@@ -8,6 +8,7 @@ from types import MappingProxyType
 import torch
 
 from interlock.connector.tables import PRECISIONS
+from interlock.strategies.precision.base import Precision
 from interlock.strategies.precision.true import TruePrecision
 
 #: the precisions this plugin implements and the dtype each one uses (read from the
@@ -26,6 +27,10 @@ class HalfPrecision(TruePrecision):
     Raises:
         ValueError: for any other precision name.
     """
+
+    @classmethod
+    def for_precision(cls, precision: str, device_type: str) -> Precision:
+        return cls(precision)
 
     def __init__(self, precision: str) -> None:
         if precision not in HALF_DTYPES:

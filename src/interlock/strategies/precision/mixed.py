@@ -43,6 +43,10 @@ class MixedPrecision(Precision):
             with ``bf16-mixed``.
     """
 
+    @classmethod
+    def for_precision(cls, precision: str, device_type: str) -> Precision:
+        return cls(precision, device_type)
+
     def __init__(self, precision: str, device_type: str,
                  scaler: torch.amp.GradScaler | None = None) -> None:
         if precision not in MIXED_DTYPES:

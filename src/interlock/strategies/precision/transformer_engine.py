@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from interlock.connector.tables import INSTALL_HINTS
+from interlock.strategies.precision.base import Precision
 from interlock.strategies.precision.true import TruePrecision
 from interlock.strategies.precision.utils import default_dtype
 
@@ -56,6 +57,10 @@ class TransformerEnginePrecision(TruePrecision):
         ValueError: for any other precision name.
         MissingPackageError: when ``transformer_engine`` cannot be imported.
     """
+
+    @classmethod
+    def for_precision(cls, precision: str, device_type: str) -> Precision:
+        return cls(precision)
 
     def __init__(self, precision: str, recipe: Any = None, replace_layers: bool = True) -> None:
         if precision not in TE_DTYPES:

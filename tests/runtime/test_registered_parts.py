@@ -1,0 +1,93 @@
+"""A registered part row is built by the runtime from its factory, like a built-in one:
+``resolve()`` wires the registered precision and the detected registered cluster
+environment into the strategy, and training runs through them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import pytest
+import torch
+from third_party_parts import CountingPrecision, GridEnvironment
+
+import interlock
+from interlock import ClusterRow, Machine, PrecisionRow
+
+COUNTING = PrecisionRow(
+    name="32-counting", param_dtype="float32", compute_dtype="float32", scaler=False,
+    plugin="counting", description="float32 that counts its batches",
+    factory="third_party_parts:CountingPrecision", accelerators=frozenset({"cpu"}),
+    strategies=frozenset({"single_device", "ddp"}),
+)
+
+
+def _grid(env: Mapping[str, str]) -> bool:
+    return "PROBE_GRID_JOB" in env
+
+
+GRID = ClusterRow(
+    name="probe_grid", detect=_grid, detect_doc="PROBE_GRID_JOB is set", external=False,
+    variables=("PROBE_GRID_JOB",), description="an in-house grid scheduler",
+    factory="third_party_parts:GridEnvironment",
+)
+
+
+@pytest.fixture
+def registered() -> Iterator[None]:
+    interlock.register_precision(COUNTING)
+    interlock.register_environment(GRID)
+    try:
+        yield
+    finally:
+        interlock.unregister_precision(COUNTING.name)
+        interlock.unregister_environment(GRID.name)
+
+
+def test_a_registered_precision_is_built_from_its_factory_and_trains(registered: None) -> None:
+    strategy = interlock.resolve(accelerator="cpu", strategy="single_device",
+                                 precision="32-counting", machine=Machine())
+    assert type(strategy.precision) is CountingPrecision
+    assert strategy.precision.precision == "32-counting"
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    reference = torch.nn.Linear(3, 2)
+    reference.load_state_dict(model.state_dict())
+    strategy.setup_environment()
+    module, [optimizer] = strategy.setup_module_and_optimizers(
+        model, [torch.optim.SGD(model.parameters(), lr=0.1)])
+    batch = torch.randn(4, 3)
+    loss = module(batch).square().sum()
+    strategy.backward(loss, module)
+    strategy.optimizer_step(optimizer)
+    assert strategy.precision.inputs == 1, "the forward did not go through the precision"
+    plain_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    reference(batch).square().sum().backward()
+    plain_optimizer.step()
+    torch.testing.assert_close(model.weight, reference.weight, rtol=0, atol=0)
+
+
+def test_a_registered_precision_is_refused_where_its_row_does_not_reach(
+        registered: None) -> None:
+    with pytest.raises(interlock.ResolutionError) as info:
+        interlock.plan(accelerator="cpu", devices=2, strategy="fsdp", precision="32-counting",
+                       machine=Machine())
+    assert info.value.code == "unsupported-precision"
+
+
+def test_a_registered_environment_is_detected_and_built_from_its_factory(
+        registered: None) -> None:
+    machine = Machine(environ={"PROBE_GRID_JOB": "1"})
+    planned = interlock.plan(accelerator="cpu", devices=2, strategy="ddp_fork",
+                             machine=machine)
+    assert planned.cluster_environment == "probe_grid"
+    strategy = interlock.resolve(accelerator="cpu", devices=2, strategy="ddp_fork",
+                                 machine=machine)
+    assert type(strategy.cluster_environment) is GridEnvironment
+
+
+def test_unregistering_takes_the_part_out_of_plan_again() -> None:
+    interlock.register_precision(COUNTING)
+    interlock.unregister_precision(COUNTING.name)
+    with pytest.raises(interlock.ResolutionError) as info:
+        interlock.plan(accelerator="cpu", precision="32-counting", machine=Machine())
+    assert info.value.code == "unknown-precision"

@@ -1,0 +1,40 @@
+"""Parts a third-party package would ship, named by the rows in test_registered_parts.py
+as ``"third_party_parts:Class"`` factories."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from interlock.strategies.environments import LocalEnvironment
+from interlock.strategies.precision import Precision
+
+
+class CountingPrecision(Precision):
+    """float32 that counts the batches it converts (to prove it is the one in use)."""
+
+    def __init__(self, precision: str, device_type: str) -> None:
+        self.precision = precision
+        self.device_type = device_type
+        self.inputs = 0
+
+    @classmethod
+    def for_precision(cls, precision: str, device_type: str) -> Precision:
+        return cls(precision, device_type)
+
+    def convert_input(self, data: Any) -> Any:
+        self.inputs += 1
+        return data
+
+
+class GridEnvironment(LocalEnvironment):
+    """One process of an in-house grid scheduler; everything else as on one machine."""
+
+    name = "probe_grid"
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        super().__init__(environ)
+
+    @classmethod
+    def detect(cls, environ: Mapping[str, str] | None = None) -> bool:
+        return environ is not None and "PROBE_GRID_JOB" in environ
