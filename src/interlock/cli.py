@@ -14,6 +14,7 @@ from interlock.connector.limits import MAX_DEVICES_PER_NODE, short_repr
 from interlock.connector.machine import OPTIONAL_PACKAGES, START_METHODS, Machine
 from interlock.connector.planner import plan
 from interlock.connector.registry import RegistrationError
+from interlock.connector.tables import ACCELERATORS
 
 SIMULATE_HELP = (
     "simulate a machine instead of probing this one: comma-separated tokens "
@@ -253,7 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "a summary; extra arguments after -- go to pytest.")
     c.add_argument("--strategy", action="append", required=True, metavar="NAME",
                    help="a registered strategy (repeatable), or 'all'")
-    c.add_argument("--runner", default="auto", choices=("auto", "cpu", "cuda", "tpu"),
+    # the runners are the accelerator rows' (the suite's own list is the same, but
+    # importing it would import torch for every command)
+    runners = tuple(dict.fromkeys(r.runner for r in ACCELERATORS if r.runner is not None))
+    c.add_argument("--runner", default="auto", choices=("auto", *runners),
                    help="auto: every runner this machine has; a runner named here that "
                    "the machine lacks fails the run (see --allow-missing-runner)")
     c.add_argument("--world-sizes", default="1,2", metavar="N,M")
