@@ -64,7 +64,9 @@ def pytest_runtest_teardown(item: pytest.Item,
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    reporter = _CONFIG[0].pluginmanager.get_plugin("terminalreporter") if _CONFIG else None
+    if not _CONFIG or hasattr(_CONFIG[0], "workerinput"):
+        return  # the controller names it (a worker's line would come twice)
+    reporter = _CONFIG[0].pluginmanager.get_plugin("terminalreporter")
     if report.failed and os.getpid() == _OWNER and reporter is not None:
         reporter.write_line(f"\nFAILED {report.nodeid} ({report.when})")
 
