@@ -105,11 +105,12 @@ def bench(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def conformance(session: nox.Session) -> None:
     """The conformance suite for every registered strategy on every runner this machine
-    has, plus the example third-party package; writes docs/conformance-report.json and
-    regenerates the compatibility pages that read it. Arguments after -- go to
-    ``interlock conformance``."""
+    has, with the example third-party packages (a strategy, a precision) installed;
+    writes docs/conformance-report.json and regenerates the compatibility pages that read
+    it. Arguments after -- go to ``interlock conformance``."""
     _install(session, "test")
     session.install("--no-deps", "-e", "examples/plugin")
+    session.install("--no-deps", "-e", "examples/precision")
     session.run("interlock", "conformance", "--strategy", "all", "--workers", "2",
                 "--report", "docs/conformance-report.json", *session.posargs)
     session.run("python", "-m", "interlock.matrix.compat")

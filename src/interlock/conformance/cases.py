@@ -12,16 +12,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from interlock.conformance.checks import ANY_PRECISION
+from interlock.conformance.declaration import strategy_accelerators, strategy_precisions
 from interlock.conformance.options import SuiteOptions
 from interlock.conformance.runners import RUNNERS, available_runners, runner_devices
 from interlock.conformance.table import CHECKS, InPytest
+from interlock.connector.parts_registry import current_parts
 from interlock.connector.registry import (
     EntryPointStatus,
     broken_entry_points,
     strategy_specs,
 )
 from interlock.connector.specs import StrategySpec
-from interlock.connector.tables import ACCELERATOR_ROWS, INSTALL_HINTS, PRECISION_ROWS
+from interlock.connector.tables import INSTALL_HINTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +82,7 @@ def broken_entry_points_asked(names: Iterable[str]) -> list[EntryPointStatus]:
 
 def precision_unavailable(precision: str) -> str | None:
     """Why ``precision`` cannot run here for want of a package, or None."""
-    missing = [p for p in PRECISION_ROWS[precision].requires
+    missing = [p for p in current_parts().precisions[precision].requires
                if importlib.util.find_spec(p) is None]
     if not missing:
         return None
@@ -90,11 +92,11 @@ def precision_unavailable(precision: str) -> str | None:
 
 def precisions_for(spec: StrategySpec, runner: str, only: Sequence[str] | None = None,
                    include_unavailable: bool = False) -> list[str]:
-    """The declared precisions the runner's accelerator supports (32-true first), less
-    those whose package is missing unless ``include_unavailable`` (the cases list them,
-    skipped with the reason; the driver never runs them)."""
-    accelerator = ACCELERATOR_ROWS[RUNNERS[runner]]
-    chosen = [p for p in sorted(spec.precisions_on(accelerator.name) & accelerator.precisions)
+    """The strategy's precisions (its spec's and the registered ones that name it) that
+    the runner's accelerator supports (32-true first), less those whose package is
+    missing unless ``include_unavailable`` (the cases list them, skipped with the
+    reason; the driver never runs them)."""
+    chosen = [p for p in sorted(strategy_precisions(spec, RUNNERS[runner]))
               if (only is None or p in only)
               and (include_unavailable or precision_unavailable(p) is None)]
     return sorted(chosen, key=lambda p: (p != "32-true", p))
@@ -113,19 +115,20 @@ def cases_for(spec: StrategySpec, runner: str, world_sizes: Sequence[int],
               only_precisions: Sequence[str] | None = None) -> list[Case]:
     accelerator = RUNNERS[runner]
     devices, unavailable = runner_devices(runner)
-    if unavailable is None and accelerator in spec.accelerators:
+    accelerators = strategy_accelerators(spec)
+    if unavailable is None and accelerator in accelerators:
         unavailable = missing_packages(spec)
     # checks that launch nothing: once per runner, skipped where the strategy does not
     # run on the runner's accelerator
     out = [Case(spec.name, runner, None, ANY_PRECISION, check.id,
-                skip=None if accelerator in spec.accelerators else
+                skip=None if accelerator in accelerators else
                 f"{spec.name} does not declare the {accelerator} accelerator")
            for check in CHECKS if isinstance(check.runs, InPytest)]
     precisions = precisions_for(spec, runner, only_precisions, include_unavailable=True)
     for world_size in world_sizes:
         skip = unavailable
-        if skip is None and accelerator not in spec.accelerators:
-            skip = (f"{spec.name} runs on {', '.join(sorted(spec.accelerators))}, not on "
+        if skip is None and accelerator not in accelerators:
+            skip = (f"{spec.name} runs on {', '.join(sorted(accelerators))}, not on "
                     f"the {runner} runner's {accelerator}")
         if skip is None and spec.max_devices is not None and world_size > spec.max_devices:
             skip = f"{spec.name} runs on {spec.max_devices} device(s) at most"
@@ -188,8 +191,9 @@ def select(options: SuiteOptions) -> Selection:
             if spec in chosen:
                 continue
             accelerators = {RUNNERS[r] for r in runners}
-            why = (None if spec.accelerators & accelerators else
-                   f"runs on {', '.join(sorted(spec.accelerators))}; the runners here "
+            runs_on = strategy_accelerators(spec)
+            why = (None if runs_on & accelerators else
+                   f"runs on {', '.join(sorted(runs_on))}; the runners here "
                    f"({', '.join(runners) or 'none'}) run "
                    f"{', '.join(sorted(accelerators)) or 'nothing'}")
             why = why or missing_packages(spec)
@@ -205,6 +209,6 @@ def select(options: SuiteOptions) -> Selection:
     cases = broken + [case for spec in chosen for r in runners
                       for case in cases_for(spec, r, options.world_sizes, options.precisions)]
     declared = frozenset((s.name, r) for s in chosen for r in runners
-                         if RUNNERS[r] in s.accelerators)
+                         if RUNNERS[r] in strategy_accelerators(s))
     return Selection(cases, runners, not_here, explicit_runner=options.runner != "auto",
                      declared=declared)

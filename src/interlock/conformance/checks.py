@@ -23,7 +23,6 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from interlock.conformance import reference
-from interlock.connector.tables import PRECISION_ROWS
 from interlock.strategies.sharding import in_shared_memory
 
 if TYPE_CHECKING:
@@ -289,7 +288,7 @@ def check_accumulation_parity(ctx: RankContext) -> None:
 
 def check_precision_dtypes(ctx: RankContext) -> None:
     e = Expect()
-    row = PRECISION_ROWS[ctx.precision]
+    row = reference.precision_row(ctx.precision)
     param_dtype = getattr(torch, row.param_dtype)
     compute_dtype = reference.activation_dtype(ctx.precision)
     module, _ = _setup(ctx, reference.model())
@@ -398,7 +397,7 @@ def check_checkpoint_round_trip(ctx: RankContext) -> None:
 def check_init_contexts(ctx: RankContext) -> None:
     e = Expect()
     s = ctx.strategy
-    row = PRECISION_ROWS[ctx.precision]
+    row = reference.precision_row(ctx.precision)
     param_dtype = getattr(torch, row.param_dtype)
     from interlock.strategies.module_wrapper import unwrap
 

@@ -6,13 +6,30 @@ import inspect
 from typing import Any
 
 from interlock.conformance.checks import CheckFailed
+from interlock.conformance.reference import NoReference, recipe
 from interlock.conformance.runners import RUNNERS
 from interlock.connector.errors import ResolutionError
 from interlock.connector.machine import Machine
+from interlock.connector.parts_registry import current_parts
 from interlock.connector.planner import check_options, load_factory, plan
 from interlock.connector.registry import broken_entry_points, strategy_specs
-from interlock.connector.specs import spec_problems
-from interlock.connector.tables import ACCELERATOR_ROWS, OPTIONAL_PACKAGES, PRECISION_NAMES
+from interlock.connector.specs import StrategySpec, spec_problems
+from interlock.connector.tables import OPTIONAL_PACKAGES
+
+
+def strategy_precisions(spec: StrategySpec, accelerator: str) -> frozenset[str]:
+    """The precisions the strategy takes on ``accelerator`` and the accelerator runs,
+    as `plan()` reads them: the spec's own and the registered precisions whose rows
+    name the strategy (or the one it presets), less those the spec refuses there."""
+    parts = current_parts()
+    taken = parts.strategy_precisions(spec) - set(spec.precision_refusals.get(accelerator, {}))
+    return taken & parts.accelerator_precisions.get(accelerator, frozenset())
+
+
+def strategy_accelerators(spec: StrategySpec) -> frozenset[str]:
+    """The accelerators the strategy runs on: its spec's and the registered
+    accelerators whose rows name it."""
+    return current_parts().strategy_accelerators(spec)
 
 
 def runner_machine(runner: str, requires: tuple[str, ...]) -> Machine:
@@ -116,10 +133,13 @@ def check_declaration(name: str, runner: str) -> None:
     accelerator = RUNNERS[runner]
     machine = runner_machine(runner, spec.requires)
     devices = 1 if spec.max_devices == 1 else 2
-    supported = ACCELERATOR_ROWS[accelerator].precisions
+    parts = current_parts()
+    supported = parts.accelerator_precisions[accelerator]
+    # the spec's own precisions and the registered ones whose rows name the strategy
+    taken = strategy_precisions(spec, accelerator)
     built = None
-    for precision in PRECISION_NAMES:
-        declared = precision in spec.precisions_on(accelerator)
+    for precision in parts.precision_names:
+        declared = precision in taken
         try:
             p = plan(strategy=name, accelerator=accelerator, devices=devices,
                      precision=precision, machine=machine)
@@ -132,7 +152,12 @@ def check_declaration(name: str, runner: str) -> None:
             refused = spec.precision_refusals.get(accelerator, {}).get(precision)
             problems.append(f"plan() accepts {precision!r}, which {name} " + (
                 f"refuses on {accelerator} ({refused})" if refused else "does not declare"))
-        elif built is None and accelerator == "cpu":
+            continue
+        try:
+            recipe(precision)  # the parity checks will need its reference
+        except NoReference as error:
+            problems.append(str(error))
+        if built is None and accelerator == "cpu":
             built = p.build()
     if built is not None:
         problems += _typed(built)

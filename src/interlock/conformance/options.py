@@ -122,15 +122,16 @@ def _world_sizes(text: str) -> tuple[int, ...]:
 def _precisions(text: str | None) -> tuple[str, ...] | None:
     if text is None:
         return None
-    from interlock.connector.tables import PRECISION_NAMES
+    from interlock.connector.parts_registry import current_parts
 
+    names = current_parts().precision_names
     chosen: list[str] = []
     for part in (p.strip() for p in text.split(",")):
-        if part not in PRECISION_NAMES:
-            close = difflib.get_close_matches(part, PRECISION_NAMES, n=1)
+        if part not in names:
+            close = difflib.get_close_matches(part, names, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise OptionError(f"--precisions: unknown precision {part!r}{hint}; the "
-                              f"suite's precisions are {', '.join(PRECISION_NAMES)}")
+                              f"suite's precisions are {', '.join(names)}")
         if part not in chosen:
             chosen.append(part)
     return tuple(chosen)

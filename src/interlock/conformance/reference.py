@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from interlock.connector.tables import PRECISION_ROWS
+from interlock.connector.parts_registry import current_parts
+from interlock.connector.tables import PrecisionRow
 
 FEATURES = 6
 HIDDEN = 8
@@ -85,24 +87,110 @@ def tensor_parallel_plan(module: nn.Module, mesh: Any) -> nn.Module:
     return module
 
 
+#: the compute dtype of Transformer Engine's rows: its FP8 products happen inside its
+#: own layers, which take and return activations in the parameters' dtype
+FP8_COMPUTE = "float8"
+#: dtypes the reference can compute in
+_FLOATING = ("float64", "float32", "float16", "bfloat16")
+
+
+class NoReference(ValueError):
+    """The suite cannot derive a single-process reference for a precision's row."""
+
+
+def precision_row(precision: str) -> PrecisionRow:
+    """The row of ``precision``, built-in or registered.
+
+    Raises:
+        NoReference: no such precision is registered in this process.
+    """
+    row = current_parts().precisions.get(precision)
+    if row is None:
+        raise NoReference(f"precision {precision!r} is not registered in this process "
+                          "(is the package that registers it installed?)")
+    return row
+
+
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    """How the single-process reference trains in a precision, derived from its row.
+
+    Attributes:
+        param_dtype: the dtype the reference model is cast to.
+        autocast: the dtype the forward autocasts to, or None.
+        scaler: whether a gradient scaler scales the loss.
+        compute: the compute dtype's kind, which sets the tolerance: ``"float32"``
+            (float32 or float64), ``"half"`` (float16, bfloat16) or ``"float8"``.
+    """
+
+    param_dtype: torch.dtype
+    autocast: torch.dtype | None
+    scaler: bool
+    compute: str
+
+
+def recipe(precision: str) -> Recipe:
+    """The reference for ``precision``, from its row's ``param_dtype``,
+    ``compute_dtype`` and ``scaler``:
+
+    * parameters and compute in one floating dtype (``*-true``): the model cast to it;
+    * float32 parameters, float16 or bfloat16 compute (``*-mixed``): autocast to the
+      compute dtype, with a gradient scaler when the row has one;
+    * FP8 compute (Transformer Engine): the model cast to the parameters' dtype, at
+      FP8's tolerance.
+
+    Raises:
+        NoReference: any other combination, naming it: the suite refuses to compare a
+            precision against a baseline it does not compute the same way.
+    """
+    row = precision_row(precision)
+    param, compute = row.param_dtype, row.compute_dtype
+    facts = f"param_dtype={param!r}, compute_dtype={compute!r}, scaler={row.scaler}"
+
+    def refuse(why: str) -> NoReference:
+        return NoReference(
+            f"precision {precision!r} ({facts}): the conformance suite has no "
+            f"single-process reference for it: {why}. It computes references for "
+            "parameters and compute in one of " + ", ".join(_FLOATING) + " without a "
+            "scaler, float32 parameters with float16 or bfloat16 compute (with or without "
+            f"a scaler), and {FP8_COMPUTE!r} compute over float16 or bfloat16 parameters")
+
+    if param not in _FLOATING:
+        raise refuse(f"{param!r} is not a parameter dtype it computes in")
+    dtype = getattr(torch, param)
+    if compute == FP8_COMPUTE:
+        if param not in ("float16", "bfloat16") or row.scaler:
+            raise refuse("FP8 compute is referenced over half-precision parameters "
+                         "without a scaler only")
+        return Recipe(dtype, None, False, "float8")
+    if compute not in _FLOATING:
+        raise refuse(f"{compute!r} is not a compute dtype it computes in")
+    kind = "float32" if compute in ("float32", "float64") else "half"
+    if compute == param:
+        if row.scaler:
+            raise refuse("a gradient scaler cannot unscale gradients held in the "
+                         "parameters' own half dtype")
+        return Recipe(dtype, None, False, kind)
+    if param == "float32" and compute in ("float16", "bfloat16"):
+        return Recipe(dtype, getattr(torch, compute), row.scaler, kind)
+    raise refuse(f"parameters in {param} computing in {compute} is neither one dtype "
+                 "nor float32 parameters under autocast")
+
+
 def activation_dtype(precision: str) -> torch.dtype:
     """The dtype a Linear layer's output has under ``precision``: the compute dtype,
-    except for the Transformer Engine precisions, whose FP8 matrix products happen
-    inside its layers, which return activations in the parameters' dtype (torch has
-    no dtype named ``float8``)."""
-    row = PRECISION_ROWS[precision]
-    name = row.param_dtype if row.plugin == "transformer_engine" else row.compute_dtype
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"precision {precision!r}: {name!r} is not a torch dtype")
-    return dtype
+    except for FP8 compute (the Transformer Engine precisions), whose matrix products
+    happen inside its layers, which return activations in the parameters' dtype (torch
+    has no dtype named ``float8``)."""
+    made = recipe(precision)
+    return made.param_dtype if made.compute == "float8" else (
+        made.autocast or made.param_dtype)
 
 
 @contextlib.contextmanager
-def _autocast(precision: str) -> Iterator[None]:
-    row = PRECISION_ROWS[precision]
-    if row.plugin == "mixed":
-        with torch.autocast("cpu", dtype=getattr(torch, row.compute_dtype)):
+def _autocast(made: Recipe) -> Iterator[None]:
+    if made.autocast is not None:
+        with torch.autocast("cpu", dtype=made.autocast):
             yield
     else:
         yield
@@ -110,19 +198,21 @@ def _autocast(precision: str) -> Iterator[None]:
 
 def baseline(precision: str, steps: int, accumulate: int = 1) -> dict[str, torch.Tensor]:
     """K SGD steps in one plain process on the full batches, in ``precision`` the way a
-    single device runs it (cast module for ``*-true``, autocast and a loss scaler for
-    ``*-mixed``)."""
-    row = PRECISION_ROWS[precision]
-    net = model()
-    if row.plugin in ("half", "double", "transformer_engine"):
-        net = net.to(getattr(torch, row.param_dtype))
+    single device runs it (see `recipe`: the module cast for ``*-true``, autocast and a
+    loss scaler for ``*-mixed``).
+
+    Raises:
+        NoReference: the precision's row is one the suite has no reference for.
+    """
+    made = recipe(precision)
+    net = model().to(made.param_dtype)
     opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=0.9)
-    scaler = torch.amp.GradScaler("cpu") if row.scaler else None
+    scaler = torch.amp.GradScaler("cpu") if made.scaler else None
     dtype = next(net.parameters()).dtype
     for step in range(steps):
         for micro in range(accumulate):
             x, y = batch(step * accumulate + micro)
-            with _autocast(precision):
+            with _autocast(made):
                 out = net(x.to(dtype))
             loss = nn.functional.mse_loss(out.float(), y) / accumulate
             (scaler.scale(loss) if scaler else loss).backward()  # type: ignore[no-untyped-call]
@@ -147,12 +237,18 @@ def gradient_norms(loss_factor: float = 1.0) -> list[torch.Tensor]:
 
 
 def tolerance(precision: str, extra: tuple[float, float] | None) -> dict[str, float]:
-    """``assert_close`` tolerances for training parity in ``precision``: float32's own
-    for ``32-true`` (and ``64-true``, compared in float32), a few half-precision ulps
-    otherwise, widened by a strategy's declared ``parity_tolerance``."""
-    if precision in ("32-true", "64-true"):
+    """``assert_close`` tolerances for training parity in ``precision``, from its row's
+    compute dtype (see `recipe`): float32's own for float32 and float64 compute
+    (compared in float32), a few half-precision ulps for float16 and bfloat16, a few
+    FP8 ulps for FP8; widened by a strategy's declared ``parity_tolerance``.
+
+    Raises:
+        NoReference: the precision's row is one the suite has no reference for.
+    """
+    compute = recipe(precision).compute
+    if compute == "float32":
         rtol, atol = 1.3e-6, 1e-5
-    elif PRECISION_ROWS[precision].plugin == "transformer_engine":
+    elif compute == "float8":
         # FP8 products against the half-precision baseline: a few FP8 ulps
         rtol, atol = 1.25e-1, 2.5e-2
     else:

@@ -18,7 +18,7 @@ from interlock.conformance import checks, launch_checks
 from interlock.conformance.checks import RankContext
 from interlock.conformance.declaration import check_declaration
 from interlock.conformance.launch_checks import LaunchContext
-from interlock.connector.tables import PRECISION_ROWS
+from interlock.connector.parts_registry import current_parts
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,7 +125,8 @@ def skip_reason(check: Check, *, capabilities: frozenset[str], precision: str | 
     when it does. The one place gating is decided, in the ranks and in the driver."""
     if check.capability is not None and check.capability not in capabilities:
         return f"the strategy does not declare {check.capability!r}"
-    if check.loss_scaler and precision is not None and not PRECISION_ROWS[precision].scaler:
+    if (check.loss_scaler and precision is not None
+            and not current_parts().precisions[precision].scaler):
         return f"{precision} uses no loss scaler"
     if check.world_sizes is not None and not check.world_sizes.admit(world_size):
         return check.world_sizes.why

@@ -1,0 +1,24 @@
+"""The precision row this package registers, read through the ``interlock.precisions``
+entry point. Kept free of torch imports: interlock loads entry points while planning,
+and ``interlock.plan()`` must stay cheap; the class is imported only when a strategy is
+built (the row's ``factory`` string)."""
+
+from __future__ import annotations
+
+from interlock import PrecisionRow
+
+PRECISION = PrecisionRow(
+    name="bf16-true-kahan",
+    param_dtype="bfloat16",
+    compute_dtype="bfloat16",
+    scaler=False,
+    plugin="kahan",
+    factory="interlock_bf16_kahan.precision:KahanBF16Precision",
+    description="parameters and compute in bfloat16, optimizer updates Kahan-compensated",
+    accelerators=frozenset({"cpu"}),
+    # each built-in DDP launcher is its own strategy (its presets follow it)
+    strategies=frozenset({"single_device", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook",
+                          "ddp_forkserver"}),
+)
+
+__all__ = ["PRECISION"]
