@@ -85,8 +85,9 @@ def bench(session: nox.Session) -> None:
     connector; DDP step time, launch latency and resolve() vs raw torch and Fabric.
 
     Lightning lives only in this session's environment, never in interlock's
-    dependencies. ``nox -s bench -- plan ARGS`` or ``-- runtime ARGS`` runs one script
-    with its own arguments; without arguments both run with their defaults.
+    dependencies. ``nox -s bench -- plan ARGS`` (or ``runtime``, ``fsdp``) runs one
+    script with its own arguments; without arguments those three run with their
+    defaults. ``-- cold-plan --before REV`` compares cold plan() with a revision.
     """
     session.install(TORCH)
     session.install("-r", "benchmarks/requirements.txt", TORCH)
@@ -98,8 +99,11 @@ def bench(session: nox.Session) -> None:
         session.run("python", "benchmarks/bench_runtime.py", *rest)
     if which in ("", "fsdp"):
         session.run("python", "benchmarks/bench_fsdp.py", *rest)
-    if which not in ("", "plan", "runtime", "fsdp"):
-        session.error(f"unknown benchmark {which!r}: use 'plan', 'runtime' or 'fsdp'")
+    if which == "cold-plan":  # needs --before REV: not part of the default run
+        session.run("python", "benchmarks/bench_cold_plan.py", *rest)
+    if which not in ("", "plan", "runtime", "fsdp", "cold-plan"):
+        session.error(f"unknown benchmark {which!r}: use 'plan', 'runtime', 'fsdp' or "
+                      "'cold-plan'")
 
 
 @nox.session(python=PYTHON)

@@ -128,6 +128,15 @@ def main(argv: list[str] | None = None) -> int:
         summary["results"][label] = med
         print(f"{label:8}{med['import'] * 1e3:>14.1f}{med['first'] * 1e3:>18.1f}"
               f"{med['cold'] * 1e6:>17.0f}")
+    if len(runs) == 2:
+        # each round measured both sides back to back: the ratio within a round is
+        # steadier than either side's median on a machine whose speed drifts
+        for key in ("import", "cold"):
+            ratios = [a[key] / b[key] for b, a in zip(runs["before"], runs["after"],
+                                                         strict=True)]
+            low, mid, high = min(ratios), statistics.median(ratios), max(ratios)
+            summary["results"][f"{key}_ratio"] = {"min": low, "median": mid, "max": high}
+            print(f"after/before, {key}: median {mid:.2f} (rounds {low:.2f} to {high:.2f})")
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
     return 0
