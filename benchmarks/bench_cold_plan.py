@@ -104,6 +104,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
+    if args.rounds < 1 or args.calls < 1:
+        parser.error("--rounds and --calls must be at least 1")
+    for revision in (args.before, args.after):
+        if revision is not None and subprocess.run(
+                ["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet",
+                 f"{revision}^{{commit}}"], capture_output=True, check=False).returncode:
+            parser.error(f"{revision!r} is not a commit of this repository")
+    if args.json is not None and not args.json.parent.is_dir():
+        parser.error(f"--json {args.json}: no folder {args.json.parent}")
     with tempfile.TemporaryDirectory(prefix="bench-cold-plan-") as tmp:
         sides: dict[str, Path] = {}
         for label, revision in (("before", args.before), ("after", args.after)):

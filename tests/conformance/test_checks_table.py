@@ -292,3 +292,18 @@ def test_a_driver_half_that_fails_fails_its_check_only(tmp_path: Path,
                 "failed", "rank 1: ok; the caller's module changed")
         else:
             assert (record["status"], record["message"]) == ("passed", "rank 1: ok")
+
+
+def test_the_generator_refuses_junk_with_exit_2_and_writes_nothing(tmp_path: Path) -> None:
+    from interlock.conformance.docs import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--bogus"])
+    assert info.value.code == 2
+    assert main([str(tmp_path)]) == 2, "a root without docs/conformance.md"
+    (tmp_path / "docs").mkdir()
+    page = tmp_path / "docs" / "conformance.md"
+    page.write_text("no markers here\n", encoding="utf-8")
+    assert main([str(tmp_path)]) == 2, "a page without the table's markers"
+    assert page.read_text(encoding="utf-8") == "no markers here\n"
+    assert sorted(p.name for p in page.parent.iterdir()) == ["conformance.md"]

@@ -8,6 +8,7 @@ fails when the committed page differs from what this writes.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -86,21 +87,36 @@ def with_checks_table(page: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Rewrite the table of checks in docs/conformance.md under the given root."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    path = (Path(args[0]) if args else Path.cwd()) / CONFORMANCE_PATH
+    """Rewrite the table of checks in docs/conformance.md under the given root.
+
+    Returns 0 when the page is written or already current, 2 when the page cannot be
+    read, has no markers or cannot be written (one line on stderr; the page is left
+    as it was).
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m interlock.conformance.docs",
+        description="Regenerate the table of checks in docs/conformance.md.")
+    parser.add_argument("root", nargs="?", type=Path, default=Path.cwd(),
+                        help="the repository root (default: the current directory)")
+    args = parser.parse_args(argv)
+    path = args.root / CONFORMANCE_PATH
     try:
         page = path.read_text(encoding="utf-8")
         updated = with_checks_table(page)
     except (OSError, ValueError) as error:
         print(f"{path}: {error}", file=sys.stderr)
-        return 1
+        return 2
     if updated == page:
         print(f"{path} is up to date")
         return 0
     tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(updated, encoding="utf-8")
-    tmp.replace(path)
+    try:
+        tmp.write_text(updated, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as error:
+        tmp.unlink(missing_ok=True)
+        print(f"{path}: cannot write it: {error}", file=sys.stderr)
+        return 2
     print(f"wrote the table of checks in {path}")
     return 0
 
