@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from interlock import Machine, ResolutionError, plan
-from interlock.connector.planner import STAGES
+from interlock.connector.planner import STAGES, clear_cache
+from interlock.connector.rules import audited
 from machines import (
     CPU,
     EIGHT_GPUS,
@@ -238,17 +239,21 @@ SETUPS = {"flags/strategy-broken-entry-point": "broken_entry_point"}
 
 @pytest.mark.parametrize("rule_id", sorted(EXAMPLES))
 def test_rule_example(rule_id: str, request: pytest.FixtureRequest) -> None:
+    """Each example also runs under `audited`: every predicate tried on the way and the
+    rule's own action are checked against their drafts (see tests/test_stages.py)."""
     if rule_id in SETUPS:
         request.getfixturevalue(SETUPS[rule_id])
     flags, machine, code = EXAMPLES[rule_id]
+    clear_cache()  # a memoised plan would skip the rules
     if code is None:
-        result = plan(machine=machine, **flags)
+        with audited():
+            result = plan(machine=machine, **flags)
         fired = [step.rule for step in result.trace]
         assert rule_id in fired, (
             f"plan({flags}) on [{machine.describe()}] did not apply {rule_id}; applied: {fired}"
         )
     else:
-        with pytest.raises(ResolutionError) as info:
+        with audited(), pytest.raises(ResolutionError) as info:
             plan(machine=machine, **flags)
         error = info.value
         assert (error.rule, error.code) == (rule_id, code), (

@@ -418,11 +418,12 @@ class SpecLike(Protocol):
 _EMPTY: frozenset[str] = frozenset()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class PartTables:
     """Every part kind's rows at one registry version, with what the rules derive from
     them. One snapshot serves every `plan()` call until a registration changes the
-    version.
+    version. Compared and hashed by identity: one snapshot stands for one version, so
+    stage inputs that hold it can key a memo.
 
     Attributes:
         version: the `parts_version` it was taken at.

@@ -3,35 +3,32 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeAlias
 
 from interlock.connector.errors import ResolutionError, did_you_mean
-from interlock.connector.flag_rules import FLAGS_STAGE, plugin_kind
 from interlock.connector.limits import MAX_DEVICES_PER_NODE
 from interlock.connector.machine import Machine
-from interlock.connector.machine_rules import ACCELERATOR_STAGE, CLUSTER_STAGE, DEVICES_STAGE
+from interlock.connector.parts_registry import current_parts
 from interlock.connector.registry import (
     broken_entry_points,
     registry_version,
     strategy_specs,
 )
-from interlock.connector.rules import Context, Stage, run_stages
+from interlock.connector.rules import Written
 from interlock.connector.specs import StrategySpec
-from interlock.connector.strategy_rules import PLUGINS_STAGE, PRECISION_STAGE, STRATEGY_STAGE
+from interlock.connector.stages import STAGES
+from interlock.connector.stages.accelerator import AcceleratorInput, choose_accelerator
+from interlock.connector.stages.cluster import ClusterInput, choose_cluster
+from interlock.connector.stages.devices import DevicesInput, place_devices
+from interlock.connector.stages.flags import plugin_kind, read_flags
+from interlock.connector.stages.plugins import PluginsInput, choose_plugins
+from interlock.connector.stages.precision import PrecisionInput, choose_precision
+from interlock.connector.stages.strategy import StrategyInput, choose_strategy
 from interlock.connector.trace import TraceStep
 
-#: The stages, in the order they run.
-STAGES: tuple[Stage, ...] = (
-    FLAGS_STAGE,
-    ACCELERATOR_STAGE,
-    DEVICES_STAGE,
-    CLUSTER_STAGE,
-    STRATEGY_STAGE,
-    PRECISION_STAGE,
-    PLUGINS_STAGE,
-)
+__all__ = ["STAGES", "Plan", "plan"]
 
 class AcceleratorPart(Protocol):
     """What the engine needs of an Accelerator instance passed as ``accelerator=``."""
@@ -332,39 +329,79 @@ def plan(
             hit = _MEMO.get(key)
             if hit is not None:
                 return hit
-    ctx = Context(
-        machine=machine,
-        specs=specs,
-        accelerator_flag=accelerator,
-        devices_flag=devices,
-        strategy_flag=strategy,
-        precision_flag=precision,
-        num_nodes_flag=num_nodes,
-        plugins_flag=plugins,
-        broken_entry_points=broken_entry_points(),
-    )
-    run_stages(STAGES, ctx)
-    spec = ctx.chosen_spec
-    result = Plan(
-        accelerator=ctx.accelerator,
-        strategy=spec.name,
-        precision=ctx.precision,
-        parallel_devices=ctx.parallel_devices,
-        num_nodes=ctx.num_nodes,
-        world_size=ctx.world_size,
-        launcher=ctx.launcher,
-        cluster_environment=ctx.cluster,
-        checkpoint_io=ctx.checkpoint_io,
-        notes=tuple(ctx.notes),
-        trace=tuple(ctx.trace),
-        spec=spec,
-        plugins=ctx.plugins.given(),
-        strategy_instance=ctx.strategy_instance,
-        accelerator_instance=ctx.accelerator_instance,
-        machine=machine,
-    )
+    result = _chain(machine, specs, Written(
+        accelerator=accelerator, devices=devices, strategy=strategy, precision=precision,
+        num_nodes=num_nodes, plugins=plugins,
+    ))
     if key is not None:
         if len(_MEMO) >= MEMO_SIZE:
             _MEMO.pop(next(iter(_MEMO)))
         _MEMO[key] = result
     return result
+
+
+def _chain(machine: Machine, specs: Mapping[str, StrategySpec], written: Written) -> Plan:
+    """Run the stages in order, each on the results of those before it."""
+    parts = current_parts()
+    trace: tuple[TraceStep, ...] = ()
+    try:
+        flags = read_flags(written, specs=specs, parts=parts,
+                           broken_entry_points=broken_entry_points())
+        trace = flags.trace
+        accelerator = choose_accelerator(AcceleratorInput(
+            machine=machine, parts=parts, requested=flags.accelerator,
+            written=written.accelerator))
+        trace += accelerator.trace
+        placement = place_devices(DevicesInput(
+            machine=machine, parts=parts, accelerator=accelerator.name,
+            devices=flags.devices, num_nodes=flags.num_nodes,
+            written_devices=written.devices, written_num_nodes=written.num_nodes))
+        trace += placement.trace
+        cluster = choose_cluster(ClusterInput(
+            machine=machine, parts=parts, accelerator=accelerator.name,
+            devices=flags.devices, parallel_devices=placement.parallel_devices,
+            num_nodes=flags.num_nodes, plugin=flags.plugins.cluster_environment,
+            written_devices=written.devices, written_num_nodes=written.num_nodes))
+        trace += cluster.trace
+        strategy = choose_strategy(StrategyInput(
+            machine=machine, parts=parts, specs=specs, requested=flags.strategy,
+            accelerator=accelerator.name, accelerator_reason=accelerator.reason,
+            devices=flags.devices, parallel_devices=cluster.parallel_devices,
+            num_nodes=flags.num_nodes, cluster=cluster.name,
+            cluster_external=cluster.external, written_strategy=written.strategy,
+            written_devices=written.devices, written_num_nodes=written.num_nodes))
+        trace += strategy.trace
+        precision = choose_precision(PrecisionInput(
+            machine=machine, parts=parts, accelerator=accelerator.name, spec=strategy.spec,
+            explicit=flags.strategy != "auto",
+            requested=flags.precision, plugin=flags.plugins.precision,
+            written_precision=written.precision, written_plugins=written.plugins))
+        trace += precision.trace
+        plugins = choose_plugins(PluginsInput(
+            parts=parts, accelerator=accelerator.name,
+            checkpoint_io=flags.plugins.checkpoint_io))
+        trace += plugins.trace
+    except ResolutionError as error:
+        error.trace = trace + error.trace
+        raise
+    spec = strategy.spec
+    parallel_devices = strategy.parallel_devices
+    return Plan(
+        accelerator=accelerator.name,
+        strategy=spec.name,
+        precision=precision.name,
+        parallel_devices=parallel_devices,
+        num_nodes=flags.num_nodes,
+        world_size=len(parallel_devices) * flags.num_nodes,
+        launcher=strategy.launcher,
+        cluster_environment=cluster.name,
+        checkpoint_io=plugins.checkpoint_io,
+        notes=(*flags.notes, *accelerator.notes, *placement.notes, *cluster.notes,
+               *strategy.notes, *precision.notes, *plugins.notes),
+        trace=trace,
+        spec=spec,
+        plugins=flags.plugins.given(),
+        strategy_instance=flags.strategy_instance,
+        accelerator_instance=flags.accelerator_instance,
+        machine=machine,
+    )

@@ -1,9 +1,14 @@
-"""Rules as named data, and the typed context they decide over.
+"""Rules as named data, and the drafts they decide over.
 
 A *stage* is an ordered list of *decisions*; a decision is an ordered list of
 *rules*. For each decision the first rule whose predicate holds is applied and
-appended to the trace; a rule either records a decision in the context (and
+appended to the trace; a rule either records a decision in its stage's draft (and
 returns the reason in words) or raises a `ResolutionError`.
+
+Each stage is a module of `interlock.connector.stages` with one pure function from a
+frozen input to a frozen result. Inside that call the stage's rules work on a
+`Draft`: the stage's inputs, which rules only read, and the fields they decide
+(``OUTPUTS``); predicates never write. `audited` checks both as rules run.
 
 A decision over rows of a registrable part kind (the accelerator 'auto' choice, the
 device placement, the cluster detection) also makes one rule per registered
@@ -14,16 +19,13 @@ device placement, the cluster detection) also makes one rule per registered
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Literal, NoReturn
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from typing import ClassVar, Generic, Literal, NoReturn, TypeVar
 
 from interlock.connector.errors import ResolutionError
-from interlock.connector.machine import Machine
-from interlock.connector.parts_registry import PartTables, current_parts
-from interlock.connector.registry import EntryPointStatus
-from interlock.connector.specs import StrategySpec
-from interlock.connector.tables import ClusterRow
+from interlock.connector.parts_registry import PartTables
 from interlock.connector.trace import TraceStep
 
 
@@ -47,7 +49,7 @@ class DevicesRequest:
         return self.kind
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Plugins:
     """Plugin objects sorted by kind (at most one of each)."""
 
@@ -62,46 +64,42 @@ class Plugins:
         )
 
 
-@dataclass(slots=True)
-class Context:
-    """Everything the rules read and decide. Fields fill in stage by stage."""
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Written:
+    """The flags exactly as the caller wrote them, kept only to quote them in reasons,
+    notes and refusals. Compared by identity: stage inputs leave it out of their
+    equality, so two spellings of one parsed value share a memoised stage result."""
 
-    machine: Machine
-    specs: Mapping[str, StrategySpec]
-    accelerator_flag: object
-    devices_flag: object
-    strategy_flag: object
-    precision_flag: object
-    num_nodes_flag: object
-    plugins_flag: object
-    #: entry points that failed to load; plan() refuses the names they stand for
-    broken_entry_points: tuple[EntryPointStatus, ...] = ()
-    #: every part kind's rows (built-in and registered), read at call time
-    parts: PartTables = field(default_factory=current_parts)
-    # flags stage
-    accelerator_input: str = ""
-    accelerator_instance: object | None = None
-    strategy_instance: object | None = None
-    devices: DevicesRequest = DevicesRequest(kind="auto")
-    strategy_input: str = ""
-    explicit_spec: StrategySpec | None = None
-    precision_input: str = ""
-    num_nodes: int = 1
-    plugins: Plugins = field(default_factory=Plugins)
-    # accelerator, devices, cluster, strategy, precision, plugins stages
-    accelerator: str = ""
-    accelerator_reason: str = ""
-    parallel_devices: tuple[str, ...] = ()
-    cluster: str = ""
-    cluster_row: ClusterRow | None = None
-    cluster_external: bool = False
-    spec: StrategySpec | None = None
-    launcher: str | None = None
-    precision: str = ""
-    checkpoint_io: str = ""
+    accelerator: object = None
+    devices: object = None
+    strategy: object = None
+    precision: object = None
+    num_nodes: object = None
+    plugins: object = None
+
+
+@dataclass(slots=True, kw_only=True)
+class Draft:
+    """A stage's working record for one call: the stage's inputs, which its rules only
+    read, and the fields its rules decide (``OUTPUTS``), which become the stage's
+    frozen result. A draft lives inside one stage function call and is never shared.
+    """
+
+    #: the fields the stage's rules may write (`audited` checks every other stays put)
+    OUTPUTS: ClassVar[frozenset[str]] = frozenset()
+
     notes: list[str] = field(default_factory=list)
-    trace: list[TraceStep] = field(default_factory=list)
-    memo: dict[str, object] = field(default_factory=dict)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+
+@dataclass(slots=True, kw_only=True)
+class PlacedDraft(Draft):
+    """A draft that knows the devices placed on one node and the node count."""
+
+    parallel_devices: tuple[str, ...] = ()
+    num_nodes: int = 1
 
     @property
     def devices_per_node(self) -> int:
@@ -111,52 +109,44 @@ class Context:
     def world_size(self) -> int:
         return len(self.parallel_devices) * self.num_nodes
 
-    @property
-    def chosen_spec(self) -> StrategySpec:
-        if self.spec is None:
-            raise RuntimeError("internal error: a rule read the strategy before it was chosen")
-        return self.spec
 
-    def note(self, text: str) -> None:
-        self.notes.append(text)
+D = TypeVar("D", bound=Draft)
+P = TypeVar("P", bound=PlacedDraft)
 
 
-Predicate = Callable[[Context], bool]
-Action = Callable[[Context], str]
-
-
-def devices_as_placed(ctx: Context) -> str:
+def devices_as_placed(ctx: PlacedDraft) -> str:
     """The action of a rule that leaves the placed devices as they are."""
     n = ctx.devices_per_node
     return f"{n} device{'s' if n != 1 else ''} per node as placed"
 
 
-def always(ctx: Context) -> bool:
+def always(ctx: object) -> bool:
     """The predicate of a decision's final, catch-all rule."""
     return True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Rule:
-    """A named rule.
+class Rule(Generic[D]):
+    """A named rule over the draft of one stage.
 
     Attributes:
         id: stable id, ``"<decision>/<name>"``.
         doc: what the rule does, in words (rendered into docs/rules.md).
-        when: predicate over the context.
-        then: applies the decision and returns the reason, or raises.
+        when: predicate over the draft; reads only, never writes.
+        then: records the decision in the draft's ``OUTPUTS`` fields and returns the
+            reason in words, or raises.
         refuses: the error code the rule raises, if it is a refusal.
     """
 
     id: str
     doc: str
-    when: Predicate
-    then: Action
+    when: Callable[[D], bool]
+    then: Callable[[D], str]
     refuses: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Decision:
+class Decision(Generic[D]):
     """An ordered list of rules; the first that matches decides.
 
     Attributes:
@@ -170,8 +160,8 @@ class Decision:
 
     id: str
     doc: str
-    rules: tuple[Rule, ...]
-    registered: Callable[[PartTables], tuple[Rule, ...]] | None = None
+    rules: tuple[Rule[D], ...]
+    registered: Callable[[PartTables], tuple[Rule[D], ...]] | None = None
     registered_before: str | None = None
 
     def __post_init__(self) -> None:
@@ -181,7 +171,7 @@ class Decision:
             raise RuntimeError(f"internal error: {self.id!r} places registered rows' rules "
                                f"before {self.registered_before!r}, which is not its rule")
 
-    def rules_for(self, parts: PartTables) -> tuple[Rule, ...]:
+    def rules_for(self, parts: PartTables) -> tuple[Rule[D], ...]:
         """The rules in force with ``parts``: the built-in ones, with the registered
         rows' rules in place (made once per registry snapshot)."""
         if self.registered is None:
@@ -199,12 +189,12 @@ class Decision:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Stage:
+class Stage(Generic[D]):
     """A named step of the resolution, made of decisions."""
 
     name: str
     doc: str
-    decisions: tuple[Decision, ...]
+    decisions: tuple[Decision[D], ...]
 
 
 def refuse(
@@ -222,30 +212,75 @@ def refuse(
     )
 
 
-def run_decision(stage: str, decision: Decision, ctx: Context) -> None:
-    """Apply the first matching rule of one decision to ``ctx``."""
+#: set by `audited`: check every predicate and action against its draft
+_AUDIT: list[bool] = [False]
+
+
+@contextmanager
+def audited() -> Iterator[None]:
+    """Within the block, every rule is checked as it runs: a predicate that changes any
+    field of its draft, or an action that changes a field outside its stage's
+    ``OUTPUTS``, raises ``AssertionError`` naming the rule. Used by the tests; off, it
+    costs one list lookup per decision."""
+    _AUDIT[0] = True
+    try:
+        yield
+    finally:
+        _AUDIT[0] = False
+
+
+def _fields(draft: Draft) -> dict[str, object]:
+    return {name: getattr(draft, name) for name in _field_names(type(draft))}
+
+
+def _field_names(kind: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(kind))
+
+
+def _check(rule: Rule[D], part: str, before: dict[str, object], draft: D,
+           allowed: frozenset[str]) -> None:
+    changed = [k for k, v in _fields(draft).items() if v is not before[k] and k not in allowed]
+    if changed:
+        raise AssertionError(f"the {part} of rule {rule.id!r} changed {', '.join(changed)}")
+
+
+def run_decision(stage: str, decision: Decision[D], draft: D, parts: PartTables,
+                 trace: list[TraceStep]) -> None:
+    """Apply the first matching rule of one decision to ``draft``, appending it to
+    ``trace``; a refusal gets the rule's id and ``trace`` so far."""
     # most decisions have no registered rows' rules: skip the call (plan() runs this
     # for every decision, and a method call costs as much as a rule)
     if decision.registered is None:
         rules = decision.rules
     else:
-        rules = ctx.parts.cache.get(decision.id) or decision.rules_for(ctx.parts)  # type: ignore[assignment]
+        rules = parts.cache.get(decision.id) or decision.rules_for(parts)  # type: ignore[assignment]
+    audit = _AUDIT[0]
     for rule in rules:
-        if not rule.when(ctx):
+        if audit:
+            before = _fields(draft)
+            holds = rule.when(draft)
+            _check(rule, "predicate", before, draft, frozenset())
+            if not holds:
+                continue
+        elif not rule.when(draft):
             continue
         try:
-            reason = rule.then(ctx)
+            reason = rule.then(draft)
         except ResolutionError as error:
             error.rule = rule.id
-            error.trace = tuple(ctx.trace)
+            error.trace = tuple(trace)
             raise
-        ctx.trace.append(TraceStep(stage, decision.id, rule.id, reason))
+        finally:
+            if audit:
+                _check(rule, "action", before, draft, type(draft).OUTPUTS | {"notes"})
+        trace.append(TraceStep(stage, decision.id, rule.id, reason))
         return
     raise RuntimeError(f"internal error: no rule of {decision.id!r} matched")
 
 
-def run_stages(stages: Sequence[Stage], ctx: Context) -> None:
-    """Apply every decision of every stage to ``ctx`` in order."""
-    for stage in stages:
-        for decision in stage.decisions:
-            run_decision(stage.name, decision, ctx)
+def run_stage(stage: Stage[D], draft: D, parts: PartTables) -> tuple[TraceStep, ...]:
+    """Apply every decision of ``stage`` to ``draft`` in order; returns the trace."""
+    trace: list[TraceStep] = []
+    for decision in stage.decisions:
+        run_decision(stage.name, decision, draft, parts, trace)
+    return tuple(trace)

@@ -1,34 +1,31 @@
-"""Resolve every cell of the matrix, fast, with the engine's own rules.
+"""Resolve every cell of the matrix, fast, with the engine's own stage functions.
 
-Calling `plan()` per cell would take minutes. The stages depend on few inputs each:
-the flags stage on each flag alone; the accelerator, devices and cluster stages on
+Calling `plan()` per cell would take minutes. Each stage depends on few inputs: the
+flags stage on each flag alone; the accelerator, devices and cluster stages on
 (accelerator, devices, num_nodes); the strategy stage on those plus the strategy; the
-precision stage on (accelerator, strategy row, precision). So each stage runs once per
-distinct input on the real rule objects, and a cell's outcome is the first refusal in
-the engine's order, or the plan assembled from its parts. A test compares this with
-`plan()` cell by cell.
+precision and plugins stages on (accelerator, strategy row, precision). So each stage
+function of `interlock.connector.stages` runs once per distinct input (memoised by the
+parsed values its input declares), and a cell's outcome is the first refusal in the
+engine's order, or the plan assembled from the stages' results. A test compares this
+with `plan()` cell by cell.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from interlock.connector.errors import ResolutionError
-from interlock.connector.flag_rules import (
-    ACCELERATOR_FLAG,
-    DEVICES_FLAG,
-    NUM_NODES_FLAG,
-    PRECISION_FLAG,
-    STRATEGY_FLAG,
-)
-from interlock.connector.machine import Machine
-from interlock.connector.machine_rules import ACCELERATOR_STAGE, CLUSTER_STAGE, DEVICES_STAGE
+from interlock.connector.parts_registry import current_parts
 from interlock.connector.planner import Plan
 from interlock.connector.registry import strategy_specs
-from interlock.connector.rules import Context, Decision, DevicesRequest, run_decision, run_stages
-from interlock.connector.specs import StrategySpec
-from interlock.connector.strategy_rules import PLUGINS_STAGE, PRECISION_STAGE, STRATEGY_STAGE
+from interlock.connector.stages.accelerator import AcceleratorInput, choose_accelerator
+from interlock.connector.stages.cluster import ClusterChoice, ClusterInput, choose_cluster
+from interlock.connector.stages.devices import DevicesInput, place_devices
+from interlock.connector.stages.flags import Flags, OneFlag, read_flag
+from interlock.connector.stages.plugins import PluginsInput, choose_plugins
+from interlock.connector.stages.precision import PrecisionInput, choose_precision
+from interlock.connector.stages.strategy import StrategyChoice, StrategyInput, choose_strategy
 from interlock.matrix.profiles import Profile
 from interlock.matrix.space import FLAG_SPACE, FlagSpace
 
@@ -67,127 +64,108 @@ def outcome_of(result: Plan | ResolutionError) -> str:
             f"{result.world_size} {result.precision}")
 
 
-def _context(machine: Machine, specs: Mapping[str, StrategySpec]) -> Context:
-    return Context(machine=machine, specs=specs, accelerator_flag=None, devices_flag=None,
-                   strategy_flag=None, precision_flag=None, num_nodes_flag=None,
-                   plugins_flag=None)
-
-
-_Parsed = tuple[str | int | DevicesRequest | None, str | None]
-
-
-def _parse(decision: Decision, field: str, attribute: str, value: object,
-           machine: Machine, specs: Mapping[str, StrategySpec]) -> _Parsed:
-    """(parsed value, None) or (None, refusal outcome) for one flag value."""
-    ctx = _context(machine, specs)
-    setattr(ctx, field, value)
-    try:
-        run_decision("flags", decision, ctx)
-    except ResolutionError as error:
-        return None, outcome_of(error)
-    parsed: str | int | DevicesRequest = getattr(ctx, attribute)
-    return parsed, None
-
-
 def evaluate(profile: Profile, space: FlagSpace = FLAG_SPACE) -> Iterator[tuple[Cell, str]]:
     """Every cell of ``space`` on ``profile`` with its outcome, in a fixed order."""
     machine = profile.machine
     specs = strategy_specs()
+    parts = current_parts()
     strategies = space.strategies()
-    parsed_accelerator = {a: _parse(ACCELERATOR_FLAG, "accelerator_flag", "accelerator_input",
-                                    a, machine, specs) for a in space.accelerators}
-    parsed_devices = [_parse(DEVICES_FLAG, "devices_flag", "devices", d, machine, specs)
-                      for d in space.devices]
-    parsed_strategy = {s: _parse(STRATEGY_FLAG, "strategy_flag", "strategy_input", s,
-                                 machine, specs) for s in strategies}
-    parsed_precision = [_parse(PRECISION_FLAG, "precision_flag", "precision_input", p,
-                               machine, specs) for p in space.precisions]
-    parsed_nodes = {n: _parse(NUM_NODES_FLAG, "num_nodes_flag", "num_nodes", n, machine, specs)
-                    for n in space.num_nodes}
 
-    placed: dict[tuple[object, ...], Context | str] = {}
-    chosen: dict[tuple[object, ...], Context | str] = {}
-    checked: dict[tuple[object, ...], str | None] = {}
-    assembled: dict[tuple[object, ...], str] = {}
+    def parse(flag: OneFlag, value: object) -> Flags | str:
+        try:
+            return read_flag(flag, value, specs=specs, parts=parts)
+        except ResolutionError as error:
+            return outcome_of(error)
 
-    def place(accelerator: object, devices: object, nodes: object) -> Context | str:
-        key = (accelerator, devices, nodes)
+    parsed_accelerator = {a: parse("accelerator", a) for a in space.accelerators}
+    parsed_devices = [parse("devices", d) for d in space.devices]
+    parsed_strategy = {s: parse("strategy", s) for s in strategies}
+    parsed_precision = [parse("precision", p) for p in space.precisions]
+    parsed_nodes = {n: parse("num_nodes", n) for n in space.num_nodes}
+
+    # each memo is keyed by the parsed values the stage's input declares
+    placed: dict[tuple[object, ...], tuple[str, ClusterChoice] | str] = {}
+    chosen: dict[tuple[object, ...], StrategyChoice | str] = {}
+    checked: dict[tuple[object, ...], str] = {}
+
+    def place(a: Flags, d: Flags, n: Flags) -> tuple[str, ClusterChoice] | str:
+        key = (a.accelerator, d.devices, n.num_nodes)
         if key not in placed:
-            ctx = _context(machine, specs)
-            ctx.accelerator_input = str(accelerator)
-            ctx.devices = devices  # type: ignore[assignment]
-            ctx.num_nodes = int(nodes)  # type: ignore[call-overload]
             try:
-                run_stages((ACCELERATOR_STAGE, DEVICES_STAGE, CLUSTER_STAGE), ctx)
-                placed[key] = ctx
+                accelerator = choose_accelerator(AcceleratorInput(
+                    machine=machine, parts=parts, requested=a.accelerator))
+                placement = place_devices(DevicesInput(
+                    machine=machine, parts=parts, accelerator=accelerator.name,
+                    devices=d.devices, num_nodes=n.num_nodes))
+                cluster = choose_cluster(ClusterInput(
+                    machine=machine, parts=parts, accelerator=accelerator.name,
+                    devices=d.devices, parallel_devices=placement.parallel_devices,
+                    num_nodes=n.num_nodes))
+                placed[key] = (accelerator.name, cluster)
             except ResolutionError as error:
                 placed[key] = outcome_of(error)
         return placed[key]
 
-    def choose(base: Context, key: tuple[object, ...], strategy: str) -> Context | str:
-        full = (*key, strategy)
-        if full not in chosen:
-            ctx = _context(machine, specs)
-            for name in ("accelerator", "accelerator_reason", "parallel_devices", "cluster",
-                         "cluster_row", "cluster_external", "num_nodes", "accelerator_input",
-                         "devices"):
-                setattr(ctx, name, getattr(base, name))
-            ctx.strategy_input = strategy
-            ctx.explicit_spec = None if strategy == "auto" else specs[strategy]
+    def choose(base: tuple[str, ClusterChoice], d: Flags, n: Flags,
+               s: Flags) -> StrategyChoice | str:
+        accelerator, cluster = base
+        key = (accelerator, d.devices, n.num_nodes, s.strategy)
+        if key not in chosen:
             try:
-                run_stages((STRATEGY_STAGE,), ctx)
-                chosen[full] = ctx
+                chosen[key] = choose_strategy(StrategyInput(
+                    machine=machine, parts=parts, specs=specs, requested=s.strategy,
+                    accelerator=accelerator, devices=d.devices,
+                    parallel_devices=cluster.parallel_devices, num_nodes=n.num_nodes,
+                    cluster=cluster.name, cluster_external=cluster.external))
             except ResolutionError as error:
-                chosen[full] = outcome_of(error)
-        return chosen[full]
+                chosen[key] = outcome_of(error)
+        return chosen[key]
 
-    def check(ctx: Context, precision: str) -> str | None:
-        spec = ctx.chosen_spec
-        key = (ctx.accelerator, spec.name, precision, ctx.explicit_spec is None)
+    def check(accelerator: str, choice: StrategyChoice, cluster: ClusterChoice,
+              s: Flags, p: Flags, n: Flags) -> str:
+        spec = choice.spec
+        explicit = s.strategy != "auto"
+        key = (accelerator, spec.name, explicit, p.precision, choice.launcher, cluster.name,
+               len(choice.parallel_devices), n.num_nodes)
         if key not in checked:
-            probe = _context(machine, specs)
-            probe.accelerator, probe.spec, probe.precision_input = ctx.accelerator, spec, precision
-            probe.explicit_spec = ctx.explicit_spec
             try:
-                run_stages((PRECISION_STAGE, PLUGINS_STAGE), probe)
-                checked[key] = None
+                precision = choose_precision(PrecisionInput(
+                    machine=machine, parts=parts, accelerator=accelerator, spec=spec,
+                    explicit=explicit, requested=p.precision))
+                choose_plugins(PluginsInput(parts=parts, accelerator=accelerator))
+                world_size = len(choice.parallel_devices) * n.num_nodes
+                checked[key] = (f"ok {spec.name} {choice.launcher or '-'} {cluster.name} "
+                                f"{world_size} {precision.name}")
             except ResolutionError as error:
                 checked[key] = outcome_of(error)
         return checked[key]
 
     for accelerator in space.accelerators:
-        a, a_err = parsed_accelerator[accelerator]
+        a = parsed_accelerator[accelerator]
         for strategy in strategies:
-            s, s_err = parsed_strategy[strategy]
+            s = parsed_strategy[strategy]
             for p_index, precision in enumerate(space.precisions):
-                p, p_err = parsed_precision[p_index]
+                p = parsed_precision[p_index]
                 for d_index, devices in enumerate(space.devices):
-                    d, d_err = parsed_devices[d_index]
+                    d = parsed_devices[d_index]
                     for nodes in space.num_nodes:
-                        n, n_err = parsed_nodes[nodes]
+                        n = parsed_nodes[nodes]
                         cell = Cell(profile.name, accelerator, show(devices), strategy,
                                     show(precision), nodes)
-                        first = a_err or d_err or s_err or p_err or n_err
+                        # the first refusal in the flags stage's order
+                        first = next((f for f in (a, d, s, p, n) if isinstance(f, str)), None)
                         if first is not None:
                             yield cell, first
                             continue
+                        assert not isinstance(a, str) and not isinstance(d, str)
+                        assert not isinstance(s, str) and not isinstance(p, str)
+                        assert not isinstance(n, str)
                         base = place(a, d, n)
                         if isinstance(base, str):
                             yield cell, base
                             continue
-                        ctx = choose(base, (a, d, n), str(s))
-                        if isinstance(ctx, str):
-                            yield cell, ctx
+                        choice = choose(base, d, n, s)
+                        if isinstance(choice, str):
+                            yield cell, choice
                             continue
-                        refusal = check(ctx, str(p))
-                        if refusal is not None:
-                            yield cell, refusal
-                            continue
-                        key = (a, d, n, s, p)
-                        if key not in assembled:
-                            spec = ctx.chosen_spec
-                            assembled[key] = (
-                                f"ok {spec.name} {ctx.launcher or '-'} {ctx.cluster} "
-                                f"{ctx.world_size} {p}"
-                            )
-                        yield cell, assembled[key]
+                        yield cell, check(base[0], choice, base[1], s, p, n)

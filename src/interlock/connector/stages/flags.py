@@ -1,9 +1,16 @@
-"""Stage 1, flags: parse every flag into a typed value, or refuse it."""
+"""Stage 1, flags: parse every flag into a typed value, or refuse it.
+
+`read_flags` is the stage: the flags as written in, a frozen `Flags` out. Each flag's
+own decision also runs alone through `read_flag`, which is how the matrix parses each
+distinct value of a flag once.
+"""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import ClassVar, Literal
 
 from interlock.connector.errors import did_you_mean
 from interlock.connector.limits import (
@@ -12,18 +19,23 @@ from interlock.connector.limits import (
     MAX_NUM_NODES,
     short_repr,
 )
+from interlock.connector.parts_registry import PartTables
 from interlock.connector.registration import suspects
 from interlock.connector.registry import EntryPointStatus
 from interlock.connector.rules import (
-    Context,
     Decision,
     DevicesRequest,
+    Draft,
     Plugins,
     Rule,
     Stage,
+    Written,
     always,
     refuse,
+    run_decision,
+    run_stage,
 )
+from interlock.connector.specs import StrategySpec
 from interlock.connector.tables import (
     ACCELERATOR_ALIASES,
     ACCELERATOR_CHOOSERS,
@@ -31,8 +43,76 @@ from interlock.connector.tables import (
     LEGACY_PRECISIONS,
     WITHDRAWN_ROWS,
 )
+from interlock.connector.trace import TraceStep
 
-#: What plugin objects declare in their ``interlock_plugin_kind`` class attribute.
+_AUTO = DevicesRequest(kind="auto")
+_NO_PLUGINS = Plugins()
+
+
+@dataclass(slots=True, kw_only=True)
+class FlagsDraft(Draft):
+    """The flags stage's draft: the flags as written and the registries (read), and
+    each flag's typed value (decided)."""
+
+    OUTPUTS: ClassVar[frozenset[str]] = frozenset({
+        "accelerator_input", "accelerator_instance", "strategy_instance", "devices",
+        "strategy_input", "explicit_spec", "precision_input", "num_nodes", "plugins",
+    })
+
+    specs: Mapping[str, StrategySpec]
+    parts: PartTables
+    broken_entry_points: tuple[EntryPointStatus, ...] = ()
+    accelerator_flag: object = "auto"
+    devices_flag: object = "auto"
+    strategy_flag: object = "auto"
+    precision_flag: object = DEFAULT_PRECISION
+    num_nodes_flag: object = 1
+    plugins_flag: object = None
+    # decided
+    accelerator_input: str = ""
+    accelerator_instance: object | None = None
+    strategy_instance: object | None = None
+    devices: DevicesRequest = _AUTO
+    strategy_input: str = ""
+    explicit_spec: StrategySpec | None = None
+    precision_input: str = ""
+    num_nodes: int = 1
+    plugins: Plugins = _NO_PLUGINS
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Flags:
+    """The flags stage's result: every flag as a typed value.
+
+    Attributes:
+        written: the flags as the caller wrote them (quoted by later refusals).
+        accelerator: a canonical accelerator name, ``"auto"`` or ``"gpu"``.
+        accelerator_instance: the Accelerator object given, if any.
+        strategy: a registered strategy name or ``"auto"``.
+        strategy_instance: the Strategy object given, if any.
+        explicit_spec: the row of the strategy asked for; None for ``"auto"``.
+        devices: the devices request.
+        precision: a canonical precision name.
+        num_nodes: the node count.
+        plugins: the plugin objects by kind (a strategy instance's own parts included).
+        notes: what the caller should be told (aliases used).
+        trace: the rules applied.
+    """
+
+    written: Written
+    accelerator: str
+    accelerator_instance: object | None
+    strategy: str
+    strategy_instance: object | None
+    explicit_spec: StrategySpec | None
+    devices: DevicesRequest
+    precision: str
+    num_nodes: int
+    plugins: Plugins
+    notes: tuple[str, ...]
+    trace: tuple[TraceStep, ...]
+
+
 PLUGIN_KINDS: tuple[str, ...] = ("precision", "checkpoint_io", "cluster_environment")
 
 
@@ -57,19 +137,19 @@ def _is_int(value: object) -> bool:
 # --------------------------------------------------------------------------- accelerator
 
 
-def _set_accelerator(ctx: Context) -> str:
+def _set_accelerator(ctx: FlagsDraft) -> str:
     ctx.accelerator_input = _norm(ctx.accelerator_flag) or ""
     return f"accelerator={ctx.accelerator_flag!r} is a known accelerator input"
 
 
-def _set_accelerator_alias(ctx: Context) -> str:
+def _set_accelerator_alias(ctx: FlagsDraft) -> str:
     name = _norm(ctx.accelerator_flag) or ""
     ctx.accelerator_input = ACCELERATOR_ALIASES[name]
     ctx.note(f"accelerator={ctx.accelerator_flag!r} is an alias of {ctx.accelerator_input!r}")
     return f"{name!r} is an alias of {ctx.accelerator_input!r}"
 
 
-def _refuse_accelerator(ctx: Context) -> str:
+def _refuse_accelerator(ctx: FlagsDraft) -> str:
     value = ctx.accelerator_flag
     kind = "is not a known accelerator" if isinstance(value, str) else (
         f"must be a string, got {type(value).__name__}"
@@ -92,7 +172,7 @@ def _instance_name(obj: object) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def _set_accelerator_instance(ctx: Context) -> str:
+def _set_accelerator_instance(ctx: FlagsDraft) -> str:
     ctx.accelerator_instance = ctx.accelerator_flag
     ctx.accelerator_input = _instance_name(ctx.accelerator_flag) or ""
     return f"an accelerator instance ({type(ctx.accelerator_flag).__name__}, " \
@@ -137,19 +217,19 @@ ACCELERATOR_FLAG = Decision(
 # --------------------------------------------------------------------------- strategy
 
 
-def _set_strategy_auto(ctx: Context) -> str:
+def _set_strategy_auto(ctx: FlagsDraft) -> str:
     ctx.strategy_input = "auto"
     return "strategy='auto': chosen after the accelerator and devices are known"
 
 
-def _set_strategy_name(ctx: Context) -> str:
+def _set_strategy_name(ctx: FlagsDraft) -> str:
     name = _norm(ctx.strategy_flag) or ""
     ctx.strategy_input = name
     ctx.explicit_spec = ctx.specs[name]
     return f"strategy={ctx.strategy_flag!r} is registered ({ctx.explicit_spec.factory})"
 
 
-def _refuse_withdrawn(ctx: Context) -> str:
+def _refuse_withdrawn(ctx: FlagsDraft) -> str:
     row = WITHDRAWN_ROWS[_norm(ctx.strategy_flag) or ""]
     refuse(
         "unknown-strategy",
@@ -160,16 +240,16 @@ def _refuse_withdrawn(ctx: Context) -> str:
     )
 
 
-def _broken_entry_point(ctx: Context) -> EntryPointStatus | None:
+def _broken_entry_point(ctx: FlagsDraft) -> EntryPointStatus | None:
     name = _norm(ctx.strategy_flag)
     return next((ep for ep in ctx.broken_entry_points if name in ep.strategies), None)
 
 
-def _registered_names(ctx: Context) -> tuple[str, ...]:
+def _registered_names(ctx: FlagsDraft) -> tuple[str, ...]:
     return tuple(sorted(n for n, s in ctx.specs.items() if s.variant_of is None))
 
 
-def _refuse_broken_entry_point(ctx: Context) -> str:
+def _refuse_broken_entry_point(ctx: FlagsDraft) -> str:
     ep = _broken_entry_point(ctx)
     refuse(
         "broken-entry-point",
@@ -182,7 +262,7 @@ def _refuse_broken_entry_point(ctx: Context) -> str:
     )
 
 
-def _refuse_strategy(ctx: Context) -> str:
+def _refuse_strategy(ctx: FlagsDraft) -> str:
     value = ctx.strategy_flag
     names = ("auto", *_registered_names(ctx))
     kind = "no strategy is registered under this name" if isinstance(value, str) else (
@@ -203,7 +283,7 @@ def _refuse_strategy(ctx: Context) -> str:
     )
 
 
-def _set_strategy_instance(ctx: Context) -> str:
+def _set_strategy_instance(ctx: FlagsDraft) -> str:
     name = _instance_name(ctx.strategy_flag) or ""
     ctx.strategy_instance = ctx.strategy_flag
     ctx.strategy_input = name
@@ -211,7 +291,7 @@ def _set_strategy_instance(ctx: Context) -> str:
     return f"a strategy instance ({type(ctx.strategy_flag).__name__}, registered as {name!r})"
 
 
-def _refuse_strategy_instance(ctx: Context) -> str:
+def _refuse_strategy_instance(ctx: FlagsDraft) -> str:
     name = _instance_name(ctx.strategy_flag)
     refuse(
         "unknown-strategy",
@@ -291,12 +371,12 @@ def _legacy_key(value: object) -> int | str | None:
     return _norm(value)
 
 
-def _set_precision(ctx: Context) -> str:
+def _set_precision(ctx: FlagsDraft) -> str:
     ctx.precision_input = _norm(ctx.precision_flag) or ""
     return f"precision={ctx.precision_flag!r} is a canonical precision"
 
 
-def _set_precision_legacy(ctx: Context) -> str:
+def _set_precision_legacy(ctx: FlagsDraft) -> str:
     key = _legacy_key(ctx.precision_flag)
     ctx.precision_input = LEGACY_PRECISIONS[key] if key is not None else ""
     ctx.note(
@@ -306,7 +386,7 @@ def _set_precision_legacy(ctx: Context) -> str:
     return f"legacy alias {ctx.precision_flag!r} means {ctx.precision_input!r}"
 
 
-def _refuse_precision(ctx: Context) -> str:
+def _refuse_precision(ctx: FlagsDraft) -> str:
     value = ctx.precision_flag
     names = ctx.parts.precision_names
     accepted = names + tuple(str(k) for k in LEGACY_PRECISIONS if isinstance(k, str))
@@ -453,24 +533,24 @@ def _set_devices(request: DevicesRequest) -> str:
     return f"devices parsed as {request.describe()}"
 
 
-def _devices_auto(ctx: Context) -> str:
+def _devices_auto(ctx: FlagsDraft) -> str:
     ctx.devices = DevicesRequest(kind="auto")
     return "devices='auto': the count follows from the accelerator"
 
 
-def _devices_all(ctx: Context) -> str:
+def _devices_all(ctx: FlagsDraft) -> str:
     ctx.devices = DevicesRequest(kind="all")
     return f"devices={ctx.devices_flag!r} means every device"
 
 
-def _devices_count(ctx: Context) -> str:
+def _devices_count(ctx: FlagsDraft) -> str:
     value = ctx.devices_flag
     count = value if isinstance(value, int) else _digit_count(value)
     ctx.devices = DevicesRequest(kind="count", count=int(count or 0))
     return _set_devices(ctx.devices)
 
 
-def _devices_ids(ctx: Context) -> str:
+def _devices_ids(ctx: FlagsDraft) -> str:
     ids = _id_string(ctx.devices_flag) or _id_sequence(ctx.devices_flag) or ()
     ctx.devices = DevicesRequest(kind="ids", ids=ids)
     return _set_devices(ctx.devices)
@@ -514,7 +594,7 @@ def _devices_problem(value: object) -> str:
     return f"a {type(value).__name__} is not a devices value."
 
 
-def _refuse_devices(ctx: Context) -> str:
+def _refuse_devices(ctx: FlagsDraft) -> str:
     refuse(
         "invalid-devices",
         flag="devices",
@@ -524,7 +604,7 @@ def _refuse_devices(ctx: Context) -> str:
     )
 
 
-def _refuse_beyond_limit(ctx: Context) -> str:
+def _refuse_beyond_limit(ctx: FlagsDraft) -> str:
     refuse(
         "invalid-devices",
         flag="devices",
@@ -590,12 +670,12 @@ DEVICES_FLAG = Decision(
 # --------------------------------------------------------------------------- num_nodes
 
 
-def _set_num_nodes(ctx: Context) -> str:
+def _set_num_nodes(ctx: FlagsDraft) -> str:
     ctx.num_nodes = int(ctx.num_nodes_flag)  # type: ignore[call-overload]
     return f"num_nodes={ctx.num_nodes}"
 
 
-def _refuse_num_nodes(ctx: Context) -> str:
+def _refuse_num_nodes(ctx: FlagsDraft) -> str:
     refuse(
         "invalid-num-nodes",
         flag="num_nodes",
@@ -606,12 +686,12 @@ def _refuse_num_nodes(ctx: Context) -> str:
     )
 
 
-def _nodes_beyond_limit(ctx: Context) -> bool:
+def _nodes_beyond_limit(ctx: FlagsDraft) -> bool:
     value = ctx.num_nodes_flag
     return _is_int(value) and value > MAX_NUM_NODES  # type: ignore[operator]
 
 
-def _refuse_nodes_beyond_limit(ctx: Context) -> str:
+def _refuse_nodes_beyond_limit(ctx: FlagsDraft) -> str:
     refuse(
         "invalid-num-nodes",
         flag="num_nodes",
@@ -670,55 +750,40 @@ def _plugin_list(value: object) -> list[object] | None:
     return [value]
 
 
-def _plugin_problem(ctx: Context) -> str | None:
-    """Why the plugins flag is unusable, or None; sorts the plugins on success."""
-    if "plugins" in ctx.memo:
-        return ctx.memo["plugins"]  # type: ignore[return-value]
-    problem: str | None = None
+def _sorted_plugins(ctx: FlagsDraft) -> Plugins | str:
+    """The plugins sorted by kind, or why the plugins flag is unusable."""
     items = _plugin_list(ctx.plugins_flag)
-    sorted_plugins = Plugins()
     if items is None:
-        problem = (
-            "a string is not a plugin; pass precision='...' for a precision, or a plugin object"
-        )
-    else:
-        for obj in items:
-            kind = plugin_kind(obj)
-            if kind is None:
-                problem = (
-                    f"{obj!r} is not a precision, checkpoint IO or cluster environment plugin "
-                    "(its class declares no interlock_plugin_kind)"
-                )
-                break
-            if getattr(sorted_plugins, kind) is not None:
-                problem = f"two {kind.replace('_', ' ')} plugins were given; pass one"
-                break
-            if kind == "precision" and (
-                getattr(obj, "precision", None) not in ctx.parts.precisions
-            ):
-                problem = (
-                    f"precision plugin {obj!r} declares precision "
-                    f"{getattr(obj, 'precision', None)!r}, which is not a canonical precision"
-                )
-                break
-            if kind == "cluster_environment" and not (
-                isinstance(getattr(obj, "name", None), str)
-                and isinstance(getattr(obj, "creates_processes_externally", None), bool)
-            ):
-                problem = (
-                    f"cluster environment plugin {obj!r} must have a str 'name' and a bool "
-                    "'creates_processes_externally'"
-                )
-                break
-            setattr(sorted_plugins, kind, obj)
-    ctx.memo["plugins"] = problem
-    if problem is None:
-        ctx.plugins = sorted_plugins
-    return problem
+        return "a string is not a plugin; pass precision='...' for a precision, or a plugin object"
+    by_kind: dict[str, object] = {}
+    for obj in items:
+        kind = plugin_kind(obj)
+        if kind is None:
+            return (f"{obj!r} is not a precision, checkpoint IO or cluster environment plugin "
+                    "(its class declares no interlock_plugin_kind)")
+        if kind in by_kind:
+            return f"two {kind.replace('_', ' ')} plugins were given; pass one"
+        if kind == "precision" and (
+            getattr(obj, "precision", None) not in ctx.parts.precisions
+        ):
+            return (f"precision plugin {obj!r} declares precision "
+                    f"{getattr(obj, 'precision', None)!r}, which is not a canonical precision")
+        if kind == "cluster_environment" and not (
+            isinstance(getattr(obj, "name", None), str)
+            and isinstance(getattr(obj, "creates_processes_externally", None), bool)
+        ):
+            return (f"cluster environment plugin {obj!r} must have a str 'name' and a bool "
+                    "'creates_processes_externally'")
+        by_kind[kind] = obj
+    return Plugins(**by_kind)
 
 
-def _set_plugins(ctx: Context) -> str:
-    given = ctx.plugins.given()
+def _set_plugins(ctx: FlagsDraft) -> str:
+    sorted_plugins = _sorted_plugins(ctx)
+    if not isinstance(sorted_plugins, Plugins):
+        raise RuntimeError("internal error: plugins sorted after they were refused")
+    ctx.plugins = sorted_plugins
+    given = sorted_plugins.given()
     if not given:
         return "no plugins"
     return "plugins: " + ", ".join(
@@ -726,12 +791,12 @@ def _set_plugins(ctx: Context) -> str:
     )
 
 
-def _refuse_plugins(ctx: Context) -> str:
+def _refuse_plugins(ctx: FlagsDraft) -> str:
     refuse(
         "invalid-plugin",
         flag="plugins",
         value=ctx.plugins_flag,
-        reason=f"{_plugin_problem(ctx)}.",
+        reason=f"{_sorted_plugins(ctx)}.",
         choices=PLUGIN_KINDS,
     )
 
@@ -744,7 +809,7 @@ PLUGINS_FLAG = Decision(
         Rule(
             id="flags/plugins-sorted",
             doc="Every object declares a known kind, each kind at most once.",
-            when=lambda c: _plugin_problem(c) is None,
+            when=lambda c: c.plugins_flag is None or isinstance(_sorted_plugins(c), Plugins),
             then=_set_plugins,
         ),
         Rule(
@@ -760,7 +825,7 @@ PLUGINS_FLAG = Decision(
 # --------------------------------------------------------------------------- conflicts
 
 
-def given_parts(ctx: Context) -> dict[str, object]:
+def given_parts(ctx: FlagsDraft) -> dict[str, object]:
     """The parts the user set on a strategy instance (accelerator, precision,
     checkpoint_io, cluster_environment, devices)."""
     getter = getattr(ctx.strategy_instance, "given_parts", None)
@@ -768,7 +833,7 @@ def given_parts(ctx: Context) -> dict[str, object]:
     return dict(parts) if isinstance(parts, dict) else {}
 
 
-def _refuse_precision_conflict(ctx: Context) -> str:
+def _refuse_precision_conflict(ctx: FlagsDraft) -> str:
     plugin_precision = getattr(ctx.plugins.precision, "precision", None)
     refuse(
         "conflicting-flags",
@@ -781,7 +846,7 @@ def _refuse_precision_conflict(ctx: Context) -> str:
 
 
 #: part on a strategy instance -> (the flag that sets it too, whether that flag is set)
-_INSTANCE_CONFLICTS: dict[str, tuple[str, Callable[[Context], bool]]] = {
+_INSTANCE_CONFLICTS: dict[str, tuple[str, Callable[[FlagsDraft], bool]]] = {
     "accelerator": ("accelerator", lambda c: _norm(c.accelerator_flag) != "auto"),
     "devices": ("devices", lambda c: _norm(c.devices_flag) != "auto"),
     "precision": ("precision", lambda c: c.precision_input != DEFAULT_PRECISION
@@ -793,20 +858,20 @@ _INSTANCE_CONFLICTS: dict[str, tuple[str, Callable[[Context], bool]]] = {
 }
 
 
-def _instance_device_type(ctx: Context) -> str | None:
+def _instance_device_type(ctx: FlagsDraft) -> str | None:
     devices = given_parts(ctx).get("devices")
     if isinstance(devices, tuple) and devices and isinstance(devices[0], str):
         return devices[0].partition(":")[0]
     return None
 
 
-def _device_type_conflict(ctx: Context) -> bool:
+def _device_type_conflict(ctx: FlagsDraft) -> bool:
     kind = _instance_device_type(ctx)
     return (kind is not None and ctx.accelerator_input in ctx.parts.accelerators
             and kind != ctx.accelerator_input)
 
 
-def _refuse_device_type(ctx: Context) -> str:
+def _refuse_device_type(ctx: FlagsDraft) -> str:
     refuse(
         "conflicting-flags",
         flag="accelerator",
@@ -818,14 +883,14 @@ def _refuse_device_type(ctx: Context) -> str:
     )
 
 
-def _instance_conflict(ctx: Context) -> str | None:
+def _instance_conflict(ctx: FlagsDraft) -> str | None:
     for part in given_parts(ctx):
         if part in _INSTANCE_CONFLICTS and _INSTANCE_CONFLICTS[part][1](ctx):
             return part
     return None
 
 
-def _refuse_instance_conflict(ctx: Context) -> str:
+def _refuse_instance_conflict(ctx: FlagsDraft) -> str:
     part = _instance_conflict(ctx) or ""
     flag = _INSTANCE_CONFLICTS[part][0]
     value = {"accelerator": ctx.accelerator_flag, "devices": ctx.devices_flag,
@@ -843,7 +908,7 @@ def _refuse_instance_conflict(ctx: Context) -> str:
     )
 
 
-def _no_conflict(ctx: Context) -> str:
+def _no_conflict(ctx: FlagsDraft) -> str:
     return "no two flags set the same thing"
 
 
@@ -882,7 +947,7 @@ CONFLICTS = Decision(
 )
 
 
-def _adopt_instance_parts(ctx: Context) -> str:
+def _adopt_instance_parts(ctx: FlagsDraft) -> str:
     parts = given_parts(ctx)
     taken = []
     accelerator = parts.get("accelerator")
@@ -908,12 +973,12 @@ def _adopt_instance_parts(ctx: Context) -> str:
     for kind in PLUGIN_KINDS:
         obj = parts.get(kind)
         if obj is not None:
-            setattr(ctx.plugins, kind, obj)
+            ctx.plugins = replace(ctx.plugins, **{kind: obj})
             taken.append(f"{kind.replace('_', ' ')} {type(obj).__name__}")
     return "from the strategy instance: " + (", ".join(taken) or "no parts")
 
 
-INSTANCE_PARTS = Decision(
+INSTANCE_PARTS: Decision[FlagsDraft] = Decision(
     id="flags/strategy-instance-parts",
     doc="The parts a strategy instance was given stand in for the flags they replace, "
     "and are checked by the later stages like flags are.",
@@ -944,3 +1009,84 @@ FLAGS_STAGE = Stage(
         INSTANCE_PARTS,
     ),
 )
+
+
+def read_flags(
+    written: Written,
+    *,
+    specs: Mapping[str, StrategySpec],
+    parts: PartTables,
+    broken_entry_points: tuple[EntryPointStatus, ...] = (),
+) -> Flags:
+    """The flags stage: every flag parsed, conflicts refused, a strategy instance's own
+    parts taken in.
+
+    Raises:
+        ResolutionError: a flag cannot be parsed, or two of them set the same thing.
+    """
+    draft = FlagsDraft(
+        specs=specs, parts=parts, broken_entry_points=broken_entry_points,
+        accelerator_flag=written.accelerator, devices_flag=written.devices,
+        strategy_flag=written.strategy, precision_flag=written.precision,
+        num_nodes_flag=written.num_nodes, plugins_flag=written.plugins,
+    )
+    trace = run_stage(FLAGS_STAGE, draft, parts)
+    return Flags(
+        written=written,
+        accelerator=draft.accelerator_input,
+        accelerator_instance=draft.accelerator_instance,
+        strategy=draft.strategy_input,
+        strategy_instance=draft.strategy_instance,
+        explicit_spec=draft.explicit_spec,
+        devices=draft.devices,
+        precision=draft.precision_input,
+        num_nodes=draft.num_nodes,
+        plugins=draft.plugins,
+        notes=tuple(draft.notes),
+        trace=trace,
+    )
+
+
+#: The flags `read_flag` parses alone: (its decision, the draft field it reads).
+OneFlag = Literal["accelerator", "devices", "strategy", "precision", "num_nodes"]
+_ONE_FLAG: dict[str, tuple[Decision[FlagsDraft], str]] = {
+    "accelerator": (ACCELERATOR_FLAG, "accelerator_flag"),
+    "devices": (DEVICES_FLAG, "devices_flag"),
+    "strategy": (STRATEGY_FLAG, "strategy_flag"),
+    "precision": (PRECISION_FLAG, "precision_flag"),
+    "num_nodes": (NUM_NODES_FLAG, "num_nodes_flag"),
+}
+
+
+def read_flag(
+    flag: OneFlag,
+    value: object,
+    *,
+    specs: Mapping[str, StrategySpec],
+    parts: PartTables,
+    broken_entry_points: tuple[EntryPointStatus, ...] = (),
+) -> Flags:
+    """One flag's own decision alone; the other flags keep their defaults.
+
+    Raises:
+        ResolutionError: the value cannot be parsed.
+    """
+    decision, source = _ONE_FLAG[flag]
+    draft = FlagsDraft(specs=specs, parts=parts, broken_entry_points=broken_entry_points,
+                       **{source: value})  # type: ignore[arg-type]
+    trace: list[TraceStep] = []
+    run_decision(FLAGS_STAGE.name, decision, draft, parts, trace)
+    return Flags(
+        written=Written(**{flag: value}),
+        accelerator=draft.accelerator_input,
+        accelerator_instance=None,
+        strategy=draft.strategy_input,
+        strategy_instance=None,
+        explicit_spec=draft.explicit_spec,
+        devices=draft.devices,
+        precision=draft.precision_input,
+        num_nodes=draft.num_nodes,
+        plugins=draft.plugins,
+        notes=tuple(draft.notes),
+        trace=tuple(trace),
+    )

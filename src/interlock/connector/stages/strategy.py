@@ -1,36 +1,128 @@
-"""Stages 5-7: the strategy and its launcher, the precision, the plugins.
+"""Stage 5, strategy: choose the strategy, check its row against the machine, and
+choose the launcher.
 
-Which accelerators a strategy runs on and which precisions it takes are read through
-the registry snapshot (``ctx.parts``): a spec's own declaration, plus the registered
-accelerator and precision rows that name the strategy.
+Which accelerators a strategy runs on is read through the registry snapshot
+(``parts``): a spec's own declaration, plus the registered accelerator rows that name
+the strategy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar
 
+from interlock.connector.machine import Machine
+from interlock.connector.parts_registry import PartTables
 from interlock.connector.rules import (
-    Action,
-    Context,
     Decision,
+    DevicesRequest,
+    PlacedDraft,
     Rule,
     Stage,
     always,
     devices_as_placed,
     refuse,
+    run_stage,
 )
 from interlock.connector.specs import StrategySpec
 from interlock.connector.tables import INSTALL_HINTS, LauncherRow
+from interlock.connector.trace import TraceStep
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StrategyInput:
+    """What the strategy stage decides from.
+
+    Attributes:
+        machine: the machine planned for.
+        parts: the part registries' snapshot.
+        specs: the strategy registry (fixed for one registry version; not part of
+            equality, so a memo of this stage lives within one version).
+        requested: ``"auto"`` or the registered name asked for.
+        accelerator: the chosen accelerator.
+        accelerator_reason: why, in words (quoted in refusals; not part of equality).
+        devices: the devices request.
+        parallel_devices: the devices placed on one node.
+        num_nodes: the node count.
+        cluster: the cluster environment's name.
+        cluster_external: whether the cluster creates the processes.
+        written_strategy, written_devices, written_num_nodes: the flags as written,
+            quoted in reasons and refusals (not part of equality).
+    """
+
+    machine: Machine
+    parts: PartTables
+    specs: Mapping[str, StrategySpec] = field(compare=False)
+    requested: str
+    accelerator: str
+    accelerator_reason: str = field(default="", compare=False)
+    devices: DevicesRequest
+    parallel_devices: tuple[str, ...]
+    num_nodes: int
+    cluster: str
+    cluster_external: bool
+    written_strategy: object = field(default=None, compare=False)
+    written_devices: object = field(default=None, compare=False)
+    written_num_nodes: object = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StrategyChoice:
+    """The strategy stage's result.
+
+    Attributes:
+        spec: the chosen strategy's row.
+        launcher: the launcher's name, ``"external"``, or None (in-process).
+        parallel_devices: the devices of one node ('auto' capped to the strategy's
+            maximum).
+    """
+
+    spec: StrategySpec
+    launcher: str | None
+    parallel_devices: tuple[str, ...]
+    notes: tuple[str, ...]
+    trace: tuple[TraceStep, ...]
+
+
+@dataclass(slots=True, kw_only=True)
+class StrategyDraft(PlacedDraft):
+    """The strategy stage's draft."""
+
+    OUTPUTS: ClassVar[frozenset[str]] = frozenset({"spec", "launcher", "parallel_devices"})
+
+    machine: Machine
+    parts: PartTables
+    specs: Mapping[str, StrategySpec]
+    explicit_spec: StrategySpec | None
+    accelerator: str
+    accelerator_reason: str
+    devices: DevicesRequest
+    cluster: str
+    cluster_external: bool
+    strategy_flag: object = None
+    devices_flag: object = None
+    num_nodes_flag: object = None
+    # decided
+    spec: StrategySpec | None = None
+    launcher: str | None = None
+
+    @property
+    def chosen_spec(self) -> StrategySpec:
+        if self.spec is None:
+            raise RuntimeError("internal error: a rule read the strategy before it was chosen")
+        return self.spec
+
 
 # --------------------------------------------------------------------------- choose
 
 
-def _explicit(ctx: Context) -> str:
+def _explicit(ctx: StrategyDraft) -> str:
     ctx.spec = ctx.explicit_spec
     return f"strategy={ctx.strategy_flag!r} was asked for"
 
 
-STRATEGY_CHOICE = Decision(
+STRATEGY_CHOICE: Decision[StrategyDraft] = Decision(
     id="strategy/choose",
     doc="Use the explicit strategy, or choose one for 'auto'.",
     rules=(
@@ -83,7 +175,7 @@ STRATEGY_CHOICE = Decision(
 )
 
 
-def _choose(ctx: Context, name: str, why: str) -> str:
+def _choose(ctx: StrategyDraft, name: str, why: str) -> str:
     ctx.spec = ctx.specs[name]
     return f"strategy='auto' chose {name!r}: {why}"
 
@@ -91,7 +183,7 @@ def _choose(ctx: Context, name: str, why: str) -> str:
 # --------------------------------------------------------------------------- check
 
 
-def _strategy_names(ctx: Context) -> tuple[str, ...]:
+def _strategy_names(ctx: StrategyDraft) -> tuple[str, ...]:
     return tuple(
         sorted(
             n for n, s in ctx.specs.items()
@@ -100,13 +192,13 @@ def _strategy_names(ctx: Context) -> tuple[str, ...]:
     )
 
 
-def _chosen_how(ctx: Context) -> str:
+def _chosen_how(ctx: StrategyDraft) -> str:
     if ctx.explicit_spec is None:
         return f" (strategy='auto' chose {ctx.chosen_spec.name!r})"
     return ""
 
 
-def _refuse_accelerator(ctx: Context) -> str:
+def _refuse_accelerator(ctx: StrategyDraft) -> str:
     spec = ctx.chosen_spec
     substitute = spec.substitutes.get(ctx.accelerator)
     choices = (substitute,) if substitute else _strategy_names(ctx)
@@ -121,11 +213,11 @@ def _refuse_accelerator(ctx: Context) -> str:
     )
 
 
-def _missing(spec: StrategySpec, ctx: Context) -> tuple[str, ...]:
+def _missing(spec: StrategySpec, ctx: StrategyDraft) -> tuple[str, ...]:
     return tuple(p for p in spec.requires if p not in ctx.machine.packages)
 
 
-def _refuse_missing(ctx: Context) -> str:
+def _refuse_missing(ctx: StrategyDraft) -> str:
     spec = ctx.chosen_spec
     missing = _missing(spec, ctx)
     refuse(
@@ -138,12 +230,12 @@ def _refuse_missing(ctx: Context) -> str:
     )
 
 
-def _too_many_devices(ctx: Context) -> bool:
+def _too_many_devices(ctx: StrategyDraft) -> bool:
     limit = ctx.chosen_spec.max_devices
     return limit is not None and ctx.devices_per_node > limit
 
 
-def _refuse_devices(ctx: Context) -> str:
+def _refuse_devices(ctx: StrategyDraft) -> str:
     spec = ctx.chosen_spec
     refuse(
         "invalid-devices",
@@ -156,14 +248,14 @@ def _refuse_devices(ctx: Context) -> str:
     )
 
 
-def _auto_devices_over_limit(ctx: Context) -> bool:
+def _auto_devices_over_limit(ctx: StrategyDraft) -> bool:
     """devices='auto' placed more devices than the chosen row allows, and interlock
     (not a cluster's launcher) decides how many processes there are."""
     return (ctx.devices.kind == "auto" and _too_many_devices(ctx)
             and not ctx.cluster_external)
 
 
-def _fit_auto_devices(ctx: Context) -> str:
+def _fit_auto_devices(ctx: StrategyDraft) -> str:
     spec = ctx.chosen_spec
     limit = spec.max_devices or 1
     placed = len(ctx.parallel_devices)
@@ -177,7 +269,7 @@ def _fit_auto_devices(ctx: Context) -> str:
     return f"devices='auto' placed {placed}; {spec.name!r} takes at most {limit}: {used}"
 
 
-STRATEGY_DEVICES = Decision(
+STRATEGY_DEVICES: Decision[StrategyDraft] = Decision(
     id="strategy/auto-devices",
     doc="devices='auto' adapts to a strategy that runs on fewer devices than the machine "
     "has; a devices value the user wrote is never changed.",
@@ -201,7 +293,7 @@ STRATEGY_DEVICES = Decision(
 )
 
 
-def _refuse_multi_node(ctx: Context) -> str:
+def _refuse_multi_node(ctx: StrategyDraft) -> str:
     spec = ctx.chosen_spec
     refuse(
         "unsupported-multi-node",
@@ -212,7 +304,7 @@ def _refuse_multi_node(ctx: Context) -> str:
     )
 
 
-def _supported(ctx: Context) -> str:
+def _supported(ctx: StrategyDraft) -> str:
     return f"{ctx.chosen_spec.name!r} supports {ctx.accelerator} with this geometry"
 
 
@@ -256,22 +348,22 @@ STRATEGY_CHECK = Decision(
 # --------------------------------------------------------------------------- launcher
 
 
-def _launcher_row(ctx: Context) -> LauncherRow | None:
+def _launcher_row(ctx: StrategyDraft) -> LauncherRow | None:
     name = ctx.chosen_spec.launcher
     return ctx.parts.launchers.get(name) if name is not None else None
 
 
-def _creates_processes(ctx: Context) -> bool:
+def _creates_processes(ctx: StrategyDraft) -> bool:
     row = _launcher_row(ctx)
     return row is not None and (row.launches_single or ctx.devices_per_node > 1)
 
 
-def _no_launcher(ctx: Context) -> str:
+def _no_launcher(ctx: StrategyDraft) -> str:
     ctx.launcher = None
     return f"{ctx.chosen_spec.name!r} runs in the calling process"
 
 
-def _external(ctx: Context) -> str:
+def _external(ctx: StrategyDraft) -> str:
     own = ctx.chosen_spec.launcher
     ctx.launcher = "external"
     if own not in (None, "subprocess"):
@@ -283,7 +375,7 @@ def _external(ctx: Context) -> str:
 
 
 def _alternatives(
-    ctx: Context, ok: Callable[[LauncherRow, Context], bool]
+    ctx: StrategyDraft, ok: Callable[[LauncherRow, StrategyDraft], bool]
 ) -> tuple[str, ...]:
     names: list[str] = []
     for name, spec in sorted(ctx.specs.items()):
@@ -299,15 +391,15 @@ def _alternatives(
     return tuple(names)
 
 
-def _interactive_ok(row: LauncherRow, ctx: Context) -> bool:
+def _interactive_ok(row: LauncherRow, ctx: StrategyDraft) -> bool:
     return row.interactive
 
 
-def _start_method_ok(row: LauncherRow, ctx: Context) -> bool:
+def _start_method_ok(row: LauncherRow, ctx: StrategyDraft) -> bool:
     return row.start_method is None or row.start_method in ctx.machine.start_methods
 
 
-def _refuse_interactive(ctx: Context) -> str:
+def _refuse_interactive(ctx: StrategyDraft) -> str:
     row = _launcher_row(ctx)
     name = row.name if row else "?"
     refuse(
@@ -321,7 +413,7 @@ def _refuse_interactive(ctx: Context) -> str:
     )
 
 
-def _refuse_start_method(ctx: Context) -> str:
+def _refuse_start_method(ctx: StrategyDraft) -> str:
     row = _launcher_row(ctx)
     method = row.start_method if row else "?"
     refuse(
@@ -337,7 +429,7 @@ def _refuse_start_method(ctx: Context) -> str:
     )
 
 
-def _own_launcher(ctx: Context) -> str:
+def _own_launcher(ctx: StrategyDraft) -> str:
     ctx.launcher = ctx.chosen_spec.launcher
     return f"{ctx.chosen_spec.name!r} uses the {ctx.launcher} launcher"
 
@@ -392,206 +484,24 @@ STRATEGY_STAGE = Stage(
     decisions=(STRATEGY_CHOICE, STRATEGY_DEVICES, STRATEGY_CHECK, LAUNCHER_CHOICE),
 )
 
-# --------------------------------------------------------------------------- precision
 
+def choose_strategy(inputs: StrategyInput) -> StrategyChoice:
+    """The strategy stage.
 
-def _from_plugin(ctx: Context) -> str:
-    plugin = ctx.plugins.precision
-    ctx.precision = str(getattr(plugin, "precision", ""))
-    return f"the precision plugin {type(plugin).__name__} sets {ctx.precision!r}"
-
-
-def _from_flag(ctx: Context) -> str:
-    ctx.precision = ctx.precision_input
-    return f"precision {ctx.precision!r} from the flag"
-
-
-PRECISION_SOURCE = Decision(
-    id="precision/source",
-    doc="The precision comes from the precision plugin if one is given, else the flag.",
-    rules=(
-        Rule(
-            id="precision/plugin",
-            doc="A precision plugin sets the precision.",
-            when=lambda c: c.plugins.precision is not None,
-            then=_from_plugin,
-        ),
-        Rule(id="precision/flag", doc="Otherwise the flag.", when=always, then=_from_flag),
-    ),
-)
-
-
-def _supported_precisions(ctx: Context) -> tuple[str, ...]:
-    spec = ctx.chosen_spec
-    parts = ctx.parts
-    taken = parts.strategy_precisions(spec) - set(spec.precision_refusals.get(ctx.accelerator, {}))
-    on_accelerator = parts.accelerator_precisions[ctx.accelerator]
-    return tuple(
-        p for p in parts.precision_names
-        if p in taken and p in on_accelerator
-        and all(r in ctx.machine.packages for r in parts.precisions[p].requires)
+    Raises:
+        ResolutionError: the strategy does not run on this accelerator, geometry or
+            machine, or no launcher can start its processes here.
+    """
+    draft = StrategyDraft(
+        machine=inputs.machine, parts=inputs.parts, specs=inputs.specs,
+        explicit_spec=None if inputs.requested == "auto" else inputs.specs[inputs.requested],
+        accelerator=inputs.accelerator, accelerator_reason=inputs.accelerator_reason,
+        devices=inputs.devices, parallel_devices=inputs.parallel_devices,
+        num_nodes=inputs.num_nodes, cluster=inputs.cluster,
+        cluster_external=inputs.cluster_external, strategy_flag=inputs.written_strategy,
+        devices_flag=inputs.written_devices, num_nodes_flag=inputs.written_num_nodes,
     )
-
-
-def _precision_flag(ctx: Context) -> tuple[str, object]:
-    if ctx.plugins.precision is not None:
-        return "plugins", ctx.plugins_flag
-    return "precision", ctx.precision_flag
-
-
-def _refuse_by(holder: str) -> Action:
-    def then(ctx: Context) -> str:
-        flag, value = _precision_flag(ctx)
-        if holder == "strategy":
-            spec = ctx.chosen_spec
-            taken = ctx.parts.strategy_precisions(spec)
-            why = f"strategy {spec.name!r}{_chosen_how(ctx)} supports " + ", ".join(
-                p for p in ctx.parts.precision_names if p in taken
-            )
-        else:
-            runs = ctx.parts.accelerator_precisions[ctx.accelerator]
-            why = f"the {ctx.accelerator} accelerator supports " + ", ".join(
-                p for p in ctx.parts.precision_names if p in runs
-            )
-        refuse(
-            "unsupported-precision",
-            flag=flag,
-            value=value,
-            reason=f"{ctx.precision!r} is not supported: {why}.",
-            choices=_supported_precisions(ctx),
-        )
-
-    return then
-
-
-def _refused_on_accelerator(ctx: Context) -> str | None:
-    return ctx.chosen_spec.precision_refusals.get(ctx.accelerator, {}).get(ctx.precision)
-
-
-def _refuse_on_accelerator(ctx: Context) -> str:
-    flag, value = _precision_flag(ctx)
-    refuse(
-        "unsupported-precision",
-        flag=flag,
-        value=value,
-        reason=f"{ctx.precision!r} is not supported by strategy {ctx.chosen_spec.name!r} "
-        f"on {ctx.accelerator}: {_refused_on_accelerator(ctx)}",
-        choices=_supported_precisions(ctx),
-    )
-
-
-def _precision_missing(ctx: Context) -> tuple[str, ...]:
-    return tuple(p for p in ctx.parts.precisions[ctx.precision].requires
-                 if p not in ctx.machine.packages)
-
-
-def _refuse_precision_missing(ctx: Context) -> str:
-    flag, value = _precision_flag(ctx)
-    missing = _precision_missing(ctx)
-    refuse(
-        "missing-package",
-        flag=flag,
-        value=value,
-        reason=f"{ctx.precision!r} needs {', '.join(missing)}, which is not installed "
-        f"(install: {'; '.join(INSTALL_HINTS[p] for p in missing)}).",
-        choices=_supported_precisions(ctx),
-    )
-
-
-PRECISION_CHECK = Decision(
-    id="precision/check",
-    doc="The precision must be supported by the strategy's row and by the accelerator, and "
-    "its packages must be installed.",
-    rules=(
-        Rule(
-            id="precision/unsupported-by-strategy",
-            doc="Not among the strategy row's precisions.",
-            when=lambda c: c.precision not in c.parts.strategy_precisions(c.chosen_spec),
-            then=_refuse_by("strategy"),
-            refuses="unsupported-precision",
-        ),
-        Rule(
-            id="precision/refused-by-strategy-on-accelerator",
-            doc="The strategy's row refuses it on this accelerator, with the reason "
-            "(DeepSpeed's CPU accelerator has no float16).",
-            when=lambda c: _refused_on_accelerator(c) is not None,
-            then=_refuse_on_accelerator,
-            refuses="unsupported-precision",
-        ),
-        Rule(
-            id="precision/unsupported-by-accelerator",
-            doc="Not among the accelerator's precisions (mps: no 64-true; "
-            "transformer-engine: cuda only).",
-            when=lambda c: c.precision not in c.parts.accelerator_precisions[c.accelerator],
-            then=_refuse_by("accelerator"),
-            refuses="unsupported-precision",
-        ),
-        Rule(
-            id="precision/missing-package",
-            doc="A package the precision needs is not installed (transformer_engine).",
-            when=lambda c: bool(_precision_missing(c)),
-            then=_refuse_precision_missing,
-            refuses="missing-package",
-        ),
-        Rule(
-            id="precision/supported",
-            doc="Otherwise.",
-            when=always,
-            then=lambda c: f"{c.precision!r} is supported by {c.chosen_spec.name!r} on "
-            f"{c.accelerator}",
-        ),
-    ),
-)
-
-PRECISION_STAGE = Stage(
-    name="precision",
-    doc="Choose the precision and check it against the strategy and accelerator.",
-    decisions=(PRECISION_SOURCE, PRECISION_CHECK),
-)
-
-# --------------------------------------------------------------------------- plugins
-
-
-def _custom_io(ctx: Context) -> str:
-    ctx.checkpoint_io = type(ctx.plugins.checkpoint_io).__name__
-    return f"checkpoint IO from the plugin {ctx.checkpoint_io}"
-
-
-def _default_io(name: str) -> Action:
-    def then(ctx: Context) -> str:
-        ctx.checkpoint_io = name
-        return f"the default {name} checkpoint IO"
-
-    return then
-
-
-PLUGINS_CHOICE = Decision(
-    id="plugins/checkpoint-io",
-    doc="Choose the checkpoint IO.",
-    rules=(
-        Rule(
-            id="plugins/checkpoint-io-plugin",
-            doc="A checkpoint IO plugin is used as given.",
-            when=lambda c: c.plugins.checkpoint_io is not None,
-            then=_custom_io,
-        ),
-        Rule(
-            id="plugins/checkpoint-io-xla",
-            doc="xla saves through torch_xla.",
-            when=lambda c: c.accelerator == "xla",
-            then=_default_io("xla"),
-        ),
-        Rule(
-            id="plugins/checkpoint-io-torch",
-            doc="Otherwise torch.save with atomic writes.",
-            when=always,
-            then=_default_io("torch"),
-        ),
-    ),
-)
-
-PLUGINS_STAGE = Stage(
-    name="plugins",
-    doc="Wire the remaining plugins.",
-    decisions=(PLUGINS_CHOICE,),
-)
+    trace = run_stage(STRATEGY_STAGE, draft, inputs.parts)
+    return StrategyChoice(spec=draft.chosen_spec, launcher=draft.launcher,
+                          parallel_devices=draft.parallel_devices,
+                          notes=tuple(draft.notes), trace=trace)
