@@ -68,3 +68,18 @@ class StandInStrategy:
 
     def given_parts(self) -> dict[str, object]:
         return dict(self._parts)
+
+
+def three_devices() -> int:
+    """A registered accelerator's device counter that finds three devices."""
+    return 3
+
+
+def failing_device_count() -> int:
+    """A device counter whose driver is missing."""
+    raise RuntimeError("the driver is not loaded")
+
+
+def junk_device_count() -> object:
+    """A device counter that returns something other than a count."""
+    return "3"

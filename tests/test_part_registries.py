@@ -276,6 +276,38 @@ def test_the_rules_page_documents_the_built_in_rows_only(clean: None) -> None:
 
 
 @pytest.mark.usefixtures("clean")
+def test_a_registered_accelerator_counts_its_devices_when_the_machine_is_probed() -> None:
+    register_accelerator(dataclasses.replace(NPU, device_count="plugins:three_devices"))
+    probed = Machine.probe()
+    assert probed.extra_devices == {"ilk_npu": 3}
+    result = plan()  # this machine, probed: the counter says three NPUs
+    assert result.accelerator == "ilk_npu" and result.devices == 3
+
+
+@pytest.mark.parametrize(("counter", "why"), [
+    ("plugins:failing_device_count", r"failed \(RuntimeError: the driver is not loaded\)"),
+    ("plugins:junk_device_count", "returned '3', not a count from 0 to 4096"),
+    ("ilk_no_such_module:count", r"failed \(ModuleNotFoundError"),
+])
+@pytest.mark.usefixtures("clean")
+def test_a_device_counter_that_fails_is_reported_and_counts_none(counter: str,
+                                                                 why: str) -> None:
+    register_accelerator(dataclasses.replace(NPU, device_count=counter))
+    with pytest.warns(RuntimeWarning, match=f"accelerator 'ilk_npu' counts its devices "
+                      f"with {counter}, which {why}"):
+        probed = Machine.probe()
+    assert probed.extra_devices == {"ilk_npu": 0}
+    assert plan().accelerator == "cpu"
+
+
+@pytest.mark.usefixtures("clean")
+def test_a_device_counter_must_name_a_function() -> None:
+    with pytest.raises(RegistrationError, match="device_count 'torch.xpu.device_count' must "
+                       "be None or look like 'package.module:function'"):
+        register_accelerator(dataclasses.replace(NPU, device_count="torch.xpu.device_count"))
+
+
+@pytest.mark.usefixtures("clean")
 def test_a_registered_accelerator_takes_part_in_auto() -> None:
     register_accelerator(NPU)
     npus = Machine(extra_devices={"ilk_npu": 4})
@@ -403,6 +435,11 @@ def test_a_broken_entry_point_of_each_kind_is_named(monkeypatch: pytest.MonkeyPa
     error = _refusal(accelerator="ilk_npu", machine=CPU)
     assert error.code == "unknown-accelerator"
     assert "entry point 'npu' (ilk_missing_accelerator:ROWS) failed to load" in error.reason
+    # and a name the broken plugin stands for (its entry point's name) is its own refusal
+    for flags in ({"precision": "fp8"}, {"accelerator": "NPU"}):
+        error = _refusal(machine=CPU, **flags)
+        assert (error.code, error.flag) == ("broken-entry-point", next(iter(flags))), error
+        assert "failed to load (ModuleNotFoundError" in error.reason, error.reason
     # a plan chosen without the environments a broken plugin provides says so
     notes = plan(machine=CPU).notes
     assert any("entry point 'grid' (ilk_missing_environment:ROWS), which failed to load"

@@ -71,6 +71,8 @@ EXAMPLES: dict[str, tuple[Flags, Machine, str | None]] = {
     "flags/no-instance": ({}, CPU, None),
     "flags/accelerator-name": ({"accelerator": "CPU"}, CPU, None),
     "flags/accelerator-alias": ({"accelerator": "tpu"}, TPU, None),
+    "flags/accelerator-broken-entry-point": ({"accelerator": "ilk_broken_npu"}, CPU,
+                                             "broken-entry-point"),
     "flags/accelerator-unknown": ({"accelerator": "cdua"}, CPU, "unknown-accelerator"),
     "flags/devices-auto": ({"devices": "AUTO"}, CPU, None),
     "flags/devices-all": ({"devices": "-1"}, EIGHT_GPUS, None),
@@ -86,6 +88,8 @@ EXAMPLES: dict[str, tuple[Flags, Machine, str | None]] = {
     "flags/strategy-unknown": ({"strategy": "ddp_spwan"}, CPU, "unknown-strategy"),
     "flags/precision-name": ({"precision": "BF16-Mixed"}, CPU, None),
     "flags/precision-legacy": ({"precision": 16}, CPU, None),
+    "flags/precision-broken-entry-point": ({"precision": "ilk-broken-fp4"}, CPU,
+                                           "broken-entry-point"),
     "flags/precision-unknown": ({"precision": "fp16"}, CPU, "unknown-precision"),
     "flags/num-nodes-int": ({"num_nodes": 2}, CPU, None),
     "flags/num-nodes-invalid": ({"num_nodes": 0}, CPU, "invalid-num-nodes"),
@@ -233,8 +237,33 @@ def broken_entry_point() -> Iterator[None]:
     registry._version += 1
 
 
+@pytest.fixture
+def broken_part_entry_points() -> Iterator[None]:
+    """A broken ``interlock.precisions`` entry point standing for ``ilk-broken-fp4`` and
+    a broken ``interlock.accelerators`` one standing for ``ilk_broken_npu``."""
+    from interlock.connector import parts_registry
+    from interlock.connector.registration import EntryPointStatus
+
+    parts_registry.current_parts()  # the real entry points are loaded first
+    saved = {kind: registry.entry_points for kind, registry in
+             parts_registry.REGISTRIES.items()}
+    for kind, name in (("precisions", "ilk-broken-fp4"), ("accelerators", "ilk_broken_npu")):
+        registry = parts_registry.REGISTRIES[kind]
+        registry.entry_points = (*registry.entry_points, EntryPointStatus(
+            name=name, value="ilk_no_such_module:ROWS", distribution=None, strategies=(name,),
+            error="ModuleNotFoundError: No module named 'ilk_no_such_module'",
+            group=registry.group))
+    parts_registry._version += 1
+    yield
+    for kind, entry_points in saved.items():
+        parts_registry.REGISTRIES[kind].entry_points = entry_points
+    parts_registry._version += 1
+
+
 #: rules whose example needs more than flags and a machine: rule id -> fixture
-SETUPS = {"flags/strategy-broken-entry-point": "broken_entry_point"}
+SETUPS = {"flags/strategy-broken-entry-point": "broken_entry_point",
+          "flags/precision-broken-entry-point": "broken_part_entry_points",
+          "flags/accelerator-broken-entry-point": "broken_part_entry_points"}
 
 
 @pytest.mark.parametrize("rule_id", sorted(EXAMPLES))

@@ -16,8 +16,9 @@ ERROR_CODES: Mapping[str, str] = MappingProxyType(
     {
         "unknown-accelerator": "the accelerator name is not one the engine knows",
         "unknown-strategy": "no strategy is registered under that name",
-        "broken-entry-point": "the name belongs to a third-party `interlock.strategies` "
-        "entry point that failed to load; the error names the entry point and says why",
+        "broken-entry-point": "the name belongs to a third-party entry point "
+        "(`interlock.strategies`, `interlock.precisions` or `interlock.accelerators`) that "
+        "failed to load; the error names the entry point and says why",
         "unknown-option": "a strategy's options name a keyword its factory does not take "
         "(checked when the plan is built, where the factory is imported)",
         "unknown-precision": "the precision is neither a canonical name nor a legacy alias",

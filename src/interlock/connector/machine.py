@@ -11,6 +11,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from interlock.connector.limits import MAX_DEVICES_PER_NODE, short_repr
 
@@ -142,17 +143,22 @@ class Machine:
         on every call because they can change. The variables kept are those of every
         registered cluster environment.
 
-        Registered (third-party) accelerators are not counted: that would import their
-        implementation, which the engine never does. ``extra_devices`` stays empty;
-        pass a Machine with it set (``dataclasses.replace(Machine.probe(),
-        extra_devices=...)``) for such an accelerator to take part in ``'auto'``.
+        A registered (third-party) accelerator is counted by the function its row
+        names in ``device_count`` (once per process; never its Accelerator class, which
+        the engine does not import). A counter that fails or returns something other
+        than a device count is reported in a ``RuntimeWarning`` and counts as no
+        device. A row without a counter has none here; pass a Machine with
+        ``extra_devices`` set (``dataclasses.replace(Machine.probe(),
+        extra_devices=...)``) to plan for its devices.
         """
         # the registered cluster environments' variables too (read at call time)
         from interlock.connector.parts_registry import current_parts
 
         cuda, mps, xla, packages = _probe_devices()
-        environ = {k: os.environ[k] for k in current_parts().environment_variables
-                   if k in os.environ}
+        parts = current_parts()
+        environ = {k: os.environ[k] for k in parts.environment_variables if k in os.environ}
+        extra = {row.name: _count_devices(row.name, row.device_count)
+                 for row in parts.added_accelerators if row.device_count is not None}
         return cls(
             cuda_devices=cuda,
             mps_available=mps,
@@ -163,6 +169,7 @@ class Machine:
                 m for m in multiprocessing.get_all_start_methods() if m in START_METHODS
             ),
             packages=packages,
+            extra_devices=extra,
         )
 
 
@@ -201,6 +208,31 @@ def _extra_devices(value: object) -> dict[str, int]:
                              f"interlock.connector.limits), got {short_repr(count)}")
         found[name] = count
     return found
+
+
+@functools.cache
+def _count_devices(name: str, counter: str) -> int:
+    """What a registered accelerator's device counter returns (0, with a
+    ``RuntimeWarning`` saying why, when it fails or returns no device count)."""
+    module, _, attribute = counter.partition(":")
+    try:
+        target: Any = importlib.import_module(module)
+        for part in attribute.split("."):
+            target = getattr(target, part)
+        value = target()
+    except Exception as exc:
+        warnings.warn(f"the accelerator {name!r} counts its devices with {counter}, which "
+                      f"failed ({type(exc).__name__}: {exc}); it is planned with no device",
+                      RuntimeWarning, stacklevel=3)
+        return 0
+    if (not isinstance(value, int) or isinstance(value, bool)
+            or not 0 <= value <= MAX_DEVICES_PER_NODE):
+        warnings.warn(f"the accelerator {name!r} counts its devices with {counter}, which "
+                      f"returned {short_repr(value)}, not a count from 0 to "
+                      f"{MAX_DEVICES_PER_NODE}; it is planned with no device",
+                      RuntimeWarning, stacklevel=3)
+        return 0
+    return value
 
 
 def _rebuild_machine(fields: dict[str, object]) -> Machine:

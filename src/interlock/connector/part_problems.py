@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from interlock.connector.limits import MAX_DEVICES_PER_NODE
+from interlock.connector.limits import MAX_DEVICES_PER_NODE, short_repr
 from interlock.connector.machine import START_METHODS
 from interlock.connector.registration import FACTORY_PATTERN, NAME_PATTERN
 from interlock.connector.tables import (
@@ -157,6 +157,11 @@ def accelerator_problems(row: object, known: Known) -> list[str]:
     if row.name in ACCELERATOR_CHOOSERS or row.name in ACCELERATOR_ALIASES:
         problems.append(f"name {row.name!r} is an accelerator input of its own "
                         f"({', '.join((*ACCELERATOR_CHOOSERS, *ACCELERATOR_ALIASES))})")
+    if row.device_count is not None and not (
+        isinstance(row.device_count, str) and FACTORY_PATTERN.match(row.device_count)
+    ):
+        problems.append(f"device_count {short_repr(row.device_count)} must be None or look "
+                        "like 'package.module:function'")
     if row.machine_fact != EXTRA_DEVICES_FACT:
         problems.append(f"machine_fact must be {EXTRA_DEVICES_FACT!r}: a registered "
                         f"accelerator's devices are counted in Machine.{EXTRA_DEVICES_FACT}"

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from interlock.connector.machine import Machine
 from interlock.connector.parts_registry import current_parts
 from interlock.connector.registry import strategy_specs
+from interlock.connector.rules import Written
 from interlock.connector.stages.cluster import check_geometry
 from interlock.connector.stages.devices import DevicesInput
 from interlock.connector.stages.devices import place_devices as devices_stage
@@ -30,8 +31,8 @@ def place_devices(accelerator: str, devices: object, machine: Machine) -> tuple[
     request = read_flag("devices", devices, specs=strategy_specs(), parts=parts).devices
     return devices_stage(DevicesInput(
         machine=machine, parts=parts, accelerator=accelerator, devices=request,
-        num_nodes=1, written_devices=devices, written_num_nodes=1,
-    )).parallel_devices
+        num_nodes=1,
+    ), Written(devices=devices, num_nodes=1)).parallel_devices
 
 
 def cluster_detected(name: str, environ: Mapping[str, str]) -> bool:

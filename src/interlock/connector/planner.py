@@ -349,33 +349,28 @@ def _chain(machine: Machine, specs: Mapping[str, StrategySpec], written: Written
                            broken_entry_points=broken_entry_points())
         trace = flags.trace
         accelerator = choose_accelerator(AcceleratorInput(
-            machine=machine, parts=parts, requested=flags.accelerator,
-            written=written.accelerator))
+            machine=machine, parts=parts, requested=flags.accelerator), written)
         trace += accelerator.trace
         placement = place_devices(DevicesInput(
             machine=machine, parts=parts, accelerator=accelerator.name,
-            devices=flags.devices, num_nodes=flags.num_nodes,
-            written_devices=written.devices, written_num_nodes=written.num_nodes))
+            devices=flags.devices, num_nodes=flags.num_nodes), written)
         trace += placement.trace
         cluster = choose_cluster(ClusterInput(
             machine=machine, parts=parts, accelerator=accelerator.name,
             devices=flags.devices, parallel_devices=placement.parallel_devices,
-            num_nodes=flags.num_nodes, plugin=flags.plugins.cluster_environment,
-            written_devices=written.devices, written_num_nodes=written.num_nodes))
+            num_nodes=flags.num_nodes, plugin=flags.plugins.cluster_environment), written)
         trace += cluster.trace
         strategy = choose_strategy(StrategyInput(
             machine=machine, parts=parts, specs=specs, requested=flags.strategy,
             accelerator=accelerator.name, accelerator_reason=accelerator.reason,
             devices=flags.devices, parallel_devices=cluster.parallel_devices,
             num_nodes=flags.num_nodes, cluster=cluster.name,
-            cluster_external=cluster.external, written_strategy=written.strategy,
-            written_devices=written.devices, written_num_nodes=written.num_nodes))
+            cluster_external=cluster.external), written)
         trace += strategy.trace
         precision = choose_precision(PrecisionInput(
             machine=machine, parts=parts, accelerator=accelerator.name, spec=strategy.spec,
             explicit=flags.strategy != "auto",
-            requested=flags.precision, plugin=flags.plugins.precision,
-            written_precision=written.precision, written_plugins=written.plugins))
+            requested=flags.precision, plugin=flags.plugins.precision), written)
         trace += precision.trace
         plugins = choose_plugins(PluginsInput(
             parts=parts, accelerator=accelerator.name,

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
-from typing import ClassVar, Generic, Literal, NoReturn, TypeVar
+from typing import ClassVar, Generic, Literal, NamedTuple, NoReturn, TypeVar
 
 from interlock.connector.errors import ResolutionError
 from interlock.connector.parts_registry import PartTables
@@ -64,11 +64,10 @@ class Plugins:
         )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
-class Written:
+class Written(NamedTuple):
     """The flags exactly as the caller wrote them, kept only to quote them in reasons,
-    notes and refusals. Compared by identity: stage inputs leave it out of their
-    equality, so two spellings of one parsed value share a memoised stage result."""
+    notes and refusals. Stage functions take it beside their input, so the input holds
+    only what the rules decide from: two spellings of one parsed value are one input."""
 
     accelerator: object = None
     devices: object = None
@@ -76,6 +75,10 @@ class Written:
     precision: object = None
     num_nodes: object = None
     plugins: object = None
+
+
+#: No flags written (a stage run from parsed values only, as the matrix does).
+NOT_WRITTEN = Written()
 
 
 @dataclass(slots=True, kw_only=True)
@@ -254,15 +257,14 @@ def run_decision(stage: str, decision: Decision[D], draft: D, parts: PartTables,
         rules = decision.rules
     else:
         rules = parts.cache.get(decision.id) or decision.rules_for(parts)  # type: ignore[assignment]
-    audit = _AUDIT[0]
     for rule in rules:
-        if audit:
+        if _AUDIT[0]:
             before = _fields(draft)
             holds = rule.when(draft)
             _check(rule, "predicate", before, draft, frozenset())
-            if not holds:
-                continue
-        elif not rule.when(draft):
+        else:
+            holds = rule.when(draft)
+        if not holds:
             continue
         try:
             reason = rule.then(draft)
@@ -271,7 +273,7 @@ def run_decision(stage: str, decision: Decision[D], draft: D, parts: PartTables,
             error.trace = tuple(trace)
             raise
         finally:
-            if audit:
+            if _AUDIT[0]:
                 _check(rule, "action", before, draft, type(draft).OUTPUTS | {"notes"})
         trace.append(TraceStep(stage, decision.id, rule.id, reason))
         return

@@ -177,6 +177,11 @@ class AcceleratorRow:
         factory: ``"package.module:Class"`` of its Accelerator class.
         strategies: strategies that run on it, beyond those whose own row lists it
             (built-in rows leave this empty: the strategy rows list them).
+        device_count: a registered accelerator's device counter,
+            ``"package.module:function"``: called with no arguments, it returns how many
+            devices of this kind the host has, without starting their runtime
+            (``"torch.xpu:device_count"``, say). `Machine.probe` calls it once per
+            process. None: the devices are counted only where a `Machine` says so.
 
     A registered (third-party) accelerator counts its devices in
     ``Machine.extra_devices`` under its name: its ``machine_fact`` is
@@ -193,6 +198,7 @@ class AcceleratorRow:
     description: str
     factory: str
     strategies: frozenset[str] = frozenset()
+    device_count: str | None = None
 
     def __post_init__(self) -> None:
         _freeze(self, sets=("precisions", "strategies"), tuples=("requires",))

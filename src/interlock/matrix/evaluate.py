@@ -116,7 +116,8 @@ def evaluate(profile: Profile, space: FlagSpace = FLAG_SPACE) -> Iterator[tuple[
                     machine=machine, parts=parts, specs=specs, requested=s.strategy,
                     accelerator=accelerator, devices=d.devices,
                     parallel_devices=cluster.parallel_devices, num_nodes=n.num_nodes,
-                    cluster=cluster.name, cluster_external=cluster.external))
+                    cluster=cluster.name, cluster_external=cluster.external,
+                    accelerator_reason=""))
             except ResolutionError as error:
                 chosen[key] = outcome_of(error)
         return chosen[key]

@@ -7,12 +7,22 @@ accelerator gets an ``accelerator/auto-<name>`` rule just before ``accelerator/a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
 
 from interlock.connector.machine import Machine
 from interlock.connector.parts_registry import PartTables
-from interlock.connector.rules import Decision, Draft, Rule, Stage, always, refuse, run_stage
+from interlock.connector.rules import (
+    NOT_WRITTEN,
+    Decision,
+    Draft,
+    Rule,
+    Stage,
+    Written,
+    always,
+    refuse,
+    run_stage,
+)
 from interlock.connector.tables import (
     ACCELERATOR_CHOOSERS,
     EXTRA_DEVICES_FACT,
@@ -22,25 +32,21 @@ from interlock.connector.tables import (
 from interlock.connector.trace import TraceStep
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AcceleratorInput:
+class AcceleratorInput(NamedTuple):
     """What the accelerator stage decides from.
 
     Attributes:
         machine: the machine planned for.
         parts: the part registries' snapshot.
         requested: the accelerator flag as read (a canonical name, ``"auto"``, ``"gpu"``).
-        written: the flag as written, quoted in reasons (not part of equality).
     """
 
     machine: Machine
     parts: PartTables
     requested: str
-    written: object = field(default=None, compare=False)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AcceleratorChoice:
+class AcceleratorChoice(NamedTuple):
     """The accelerator stage's result: the accelerator, why, notes and trace."""
 
     name: str
@@ -234,8 +240,10 @@ ACCELERATOR_STAGE = Stage(
 )
 
 
-def choose_accelerator(inputs: AcceleratorInput) -> AcceleratorChoice:
-    """The accelerator stage.
+def choose_accelerator(
+    inputs: AcceleratorInput, written: Written = NOT_WRITTEN
+) -> AcceleratorChoice:
+    """The accelerator stage; ``written`` holds the flags as written, to quote.
 
     Raises:
         ResolutionError: the accelerator asked for is missing or lacks its package, or
@@ -243,7 +251,7 @@ def choose_accelerator(inputs: AcceleratorInput) -> AcceleratorChoice:
     """
     draft = AcceleratorDraft(machine=inputs.machine, parts=inputs.parts,
                              accelerator_input=inputs.requested,
-                             accelerator_flag=inputs.written)
+                             accelerator_flag=written.accelerator)
     trace = run_stage(ACCELERATOR_STAGE, draft, inputs.parts)
     return AcceleratorChoice(name=draft.accelerator, reason=draft.accelerator_reason,
                              notes=tuple(draft.notes), trace=trace)

@@ -10,18 +10,20 @@ for the runtime, through `check_geometry`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
 
 from interlock.connector.limits import MAX_DEVICES_PER_NODE
 from interlock.connector.machine import Machine
 from interlock.connector.parts_registry import ENVIRONMENT_REGISTRY, PartTables, current_parts
 from interlock.connector.rules import (
+    NOT_WRITTEN,
     Decision,
     DevicesRequest,
     PlacedDraft,
     Rule,
     Stage,
+    Written,
     always,
     devices_as_placed,
     refuse,
@@ -42,8 +44,7 @@ from interlock.connector.tables import (
 from interlock.connector.trace import TraceStep
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClusterInput:
+class ClusterInput(NamedTuple):
     """What the cluster stage decides from.
 
     Attributes:
@@ -54,8 +55,6 @@ class ClusterInput:
         parallel_devices: the devices placed on one node.
         num_nodes: the node count.
         plugin: the cluster environment plugin given, if any.
-        written_devices, written_num_nodes: the flags as written, quoted in refusals
-            (not part of equality).
     """
 
     machine: Machine
@@ -65,12 +64,9 @@ class ClusterInput:
     parallel_devices: tuple[str, ...]
     num_nodes: int
     plugin: object | None = None
-    written_devices: object = field(default=None, compare=False)
-    written_num_nodes: object = field(default=None, compare=False)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClusterChoice:
+class ClusterChoice(NamedTuple):
     """The cluster stage's result.
 
     Attributes:
@@ -679,8 +675,8 @@ CLUSTER_STAGE = Stage(
 )
 
 
-def choose_cluster(inputs: ClusterInput) -> ClusterChoice:
-    """The cluster stage.
+def choose_cluster(inputs: ClusterInput, written: Written = NOT_WRITTEN) -> ClusterChoice:
+    """The cluster stage; ``written`` holds the flags as written, to quote.
 
     Raises:
         ResolutionError: a cluster variable is unreadable, or the cluster's geometry
@@ -689,8 +685,8 @@ def choose_cluster(inputs: ClusterInput) -> ClusterChoice:
     draft = ClusterDraft(machine=inputs.machine, parts=inputs.parts,
                          accelerator=inputs.accelerator, devices=inputs.devices,
                          parallel_devices=inputs.parallel_devices, num_nodes=inputs.num_nodes,
-                         cluster_plugin=inputs.plugin, devices_flag=inputs.written_devices,
-                         num_nodes_flag=inputs.written_num_nodes)
+                         cluster_plugin=inputs.plugin, devices_flag=written.devices,
+                         num_nodes_flag=written.num_nodes)
     trace = run_stage(CLUSTER_STAGE, draft, inputs.parts)
     return ClusterChoice(name=draft.cluster, row=draft.cluster_row,
                          external=draft.cluster_external,

@@ -8,8 +8,8 @@ rules come from the part registries at call time (``parts``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
 
 from interlock.connector.limits import (
     MAX_DEVICES_PER_NODE,
@@ -20,11 +20,13 @@ from interlock.connector.limits import (
 from interlock.connector.machine import Machine
 from interlock.connector.parts_registry import PartTables
 from interlock.connector.rules import (
+    NOT_WRITTEN,
     Decision,
     DevicesRequest,
     PlacedDraft,
     Rule,
     Stage,
+    Written,
     always,
     refuse,
     run_stage,
@@ -33,8 +35,7 @@ from interlock.connector.stages.accelerator import device_count, machine_fact
 from interlock.connector.trace import TraceStep
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DevicesInput:
+class DevicesInput(NamedTuple):
     """What the devices stage decides from.
 
     Attributes:
@@ -43,8 +44,6 @@ class DevicesInput:
         accelerator: the chosen accelerator.
         devices: the devices request.
         num_nodes: the node count.
-        written_devices, written_num_nodes: the flags as written, quoted in refusals
-            (not part of equality).
     """
 
     machine: Machine
@@ -52,12 +51,9 @@ class DevicesInput:
     accelerator: str
     devices: DevicesRequest
     num_nodes: int
-    written_devices: object = field(default=None, compare=False)
-    written_num_nodes: object = field(default=None, compare=False)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Placement:
+class Placement(NamedTuple):
     """The devices stage's result: the torch device strings of one node."""
 
     parallel_devices: tuple[str, ...]
@@ -404,8 +400,8 @@ DEVICES_STAGE = Stage(
 )
 
 
-def place_devices(inputs: DevicesInput) -> Placement:
-    """The devices stage.
+def place_devices(inputs: DevicesInput, written: Written = NOT_WRITTEN) -> Placement:
+    """The devices stage; ``written`` holds the flags as written, to quote.
 
     Raises:
         ResolutionError: the request does not fit the accelerator or the machine, or the
@@ -413,8 +409,8 @@ def place_devices(inputs: DevicesInput) -> Placement:
     """
     draft = DevicesDraft(machine=inputs.machine, parts=inputs.parts,
                          accelerator=inputs.accelerator, devices=inputs.devices,
-                         num_nodes=inputs.num_nodes, devices_flag=inputs.written_devices,
-                         num_nodes_flag=inputs.written_num_nodes)
+                         num_nodes=inputs.num_nodes, devices_flag=written.devices,
+                         num_nodes_flag=written.num_nodes)
     trace = run_stage(DEVICES_STAGE, draft, inputs.parts)
     return Placement(parallel_devices=draft.parallel_devices, notes=tuple(draft.notes),
                      trace=trace)

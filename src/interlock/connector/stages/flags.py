@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, NamedTuple
 
 from interlock.connector.errors import did_you_mean
 from interlock.connector.limits import (
@@ -80,8 +80,7 @@ class FlagsDraft(Draft):
     plugins: Plugins = _NO_PLUGINS
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Flags:
+class Flags(NamedTuple):
     """The flags stage's result: every flag as a typed value.
 
     Attributes:
@@ -167,6 +166,26 @@ def _refuse_accelerator(ctx: FlagsDraft) -> str:
     )
 
 
+def _broken_part(ctx: FlagsDraft, kind: str, value: object) -> EntryPointStatus | None:
+    """The broken entry point of a part group that stands for the name ``value``."""
+    name = _norm(value)
+    return next((ep for ep in ctx.parts.broken[kind] if name in ep.names), None)
+
+
+def _refuse_broken_part(ctx: FlagsDraft, kind: str, flag: str, value: object,
+                        choices: Sequence[str]) -> str:
+    ep = _broken_part(ctx, kind, value)
+    refuse(
+        "broken-entry-point",
+        flag=flag,
+        value=value,
+        reason=f"this name belongs to the {ep.describe() if ep else 'entry point'}, which "
+        f"failed to load ({ep.error if ep else '?'}); fix or uninstall that package (the "
+        f"other {kind} are unaffected).",
+        choices=choices,
+    )
+
+
 def _instance_name(obj: object) -> str | None:
     name = getattr(obj, "name", None)
     return name if isinstance(name, str) else None
@@ -203,6 +222,16 @@ ACCELERATOR_FLAG = Decision(
             doc="An alias ('tpu' means 'xla'); recorded in notes.",
             when=lambda c: _norm(c.accelerator_flag) in ACCELERATOR_ALIASES,
             then=_set_accelerator_alias,
+        ),
+        Rule(
+            id="flags/accelerator-broken-entry-point",
+            doc="A name an `interlock.accelerators` entry point stands for (its own name, "
+            "or a row name it returned) when that entry point failed to load: refused "
+            "with the entry point's error, like a strategy's.",
+            when=lambda c: _broken_part(c, "accelerators", c.accelerator_flag) is not None,
+            then=lambda c: _refuse_broken_part(c, "accelerators", "accelerator",
+                                               c.accelerator_flag, c.parts.accelerator_inputs),
+            refuses="broken-entry-point",
         ),
         Rule(
             id="flags/accelerator-unknown",
@@ -417,6 +446,15 @@ PRECISION_FLAG = Decision(
             doc="A legacy alias (int or str, never float or bool); recorded in notes.",
             when=lambda c: _legacy_key(c.precision_flag) in LEGACY_PRECISIONS,
             then=_set_precision_legacy,
+        ),
+        Rule(
+            id="flags/precision-broken-entry-point",
+            doc="A name an `interlock.precisions` entry point stands for when that entry "
+            "point failed to load: refused with the entry point's error.",
+            when=lambda c: _broken_part(c, "precisions", c.precision_flag) is not None,
+            then=lambda c: _refuse_broken_part(c, "precisions", "precision",
+                                               c.precision_flag, c.parts.precision_names),
+            refuses="broken-entry-point",
         ),
         Rule(
             id="flags/precision-unknown",

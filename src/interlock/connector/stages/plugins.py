@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from interlock.connector.parts_registry import PartTables
 from interlock.connector.rules import Decision, Draft, Rule, Stage, always, run_stage
 from interlock.connector.trace import TraceStep
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PluginsInput:
+class PluginsInput(NamedTuple):
     """What the plugins stage decides from: the accelerator and the checkpoint IO
     plugin given, if any."""
 
@@ -21,8 +20,7 @@ class PluginsInput:
     checkpoint_io: object | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PluginsChoice:
+class PluginsChoice(NamedTuple):
     """The plugins stage's result: the checkpoint IO's name."""
 
     checkpoint_io: str

@@ -8,19 +8,28 @@ spec's own declaration, plus the registered precision rows that name the strateg
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
 
 from interlock.connector.machine import Machine
 from interlock.connector.parts_registry import PartTables
-from interlock.connector.rules import Decision, Draft, Rule, Stage, always, refuse, run_stage
+from interlock.connector.rules import (
+    NOT_WRITTEN,
+    Decision,
+    Draft,
+    Rule,
+    Stage,
+    Written,
+    always,
+    refuse,
+    run_stage,
+)
 from interlock.connector.specs import StrategySpec
 from interlock.connector.tables import INSTALL_HINTS
 from interlock.connector.trace import TraceStep
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PrecisionInput:
+class PrecisionInput(NamedTuple):
     """What the precision stage decides from.
 
     Attributes:
@@ -31,8 +40,6 @@ class PrecisionInput:
         explicit: whether the strategy was asked for by name (else 'auto' chose it).
         requested: the precision flag as read (a canonical name).
         plugin: the precision plugin given, if any.
-        written_precision, written_plugins: the flags as written, quoted in refusals
-            (not part of equality).
     """
 
     machine: Machine
@@ -42,12 +49,9 @@ class PrecisionInput:
     explicit: bool
     requested: str
     plugin: object | None = None
-    written_precision: object = field(default=None, compare=False)
-    written_plugins: object = field(default=None, compare=False)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PrecisionChoice:
+class PrecisionChoice(NamedTuple):
     """The precision stage's result: the canonical precision name."""
 
     name: str
@@ -233,8 +237,8 @@ PRECISION_STAGE = Stage(
 )
 
 
-def choose_precision(inputs: PrecisionInput) -> PrecisionChoice:
-    """The precision stage.
+def choose_precision(inputs: PrecisionInput, written: Written = NOT_WRITTEN) -> PrecisionChoice:
+    """The precision stage; ``written`` holds the flags as written, to quote.
 
     Raises:
         ResolutionError: the strategy or the accelerator does not take the precision,
@@ -244,7 +248,7 @@ def choose_precision(inputs: PrecisionInput) -> PrecisionChoice:
                            accelerator=inputs.accelerator, chosen_spec=inputs.spec,
                            explicit=inputs.explicit,
                            precision_input=inputs.requested, precision_plugin=inputs.plugin,
-                           precision_flag=inputs.written_precision,
-                           plugins_flag=inputs.written_plugins)
+                           precision_flag=written.precision,
+                           plugins_flag=written.plugins)
     trace = run_stage(PRECISION_STAGE, draft, inputs.parts)
     return PrecisionChoice(name=draft.precision, notes=tuple(draft.notes), trace=trace)

@@ -9,17 +9,19 @@ the strategy.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
 
 from interlock.connector.machine import Machine
 from interlock.connector.parts_registry import PartTables
 from interlock.connector.rules import (
+    NOT_WRITTEN,
     Decision,
     DevicesRequest,
     PlacedDraft,
     Rule,
     Stage,
+    Written,
     always,
     devices_as_placed,
     refuse,
@@ -30,45 +32,38 @@ from interlock.connector.tables import INSTALL_HINTS, LauncherRow
 from interlock.connector.trace import TraceStep
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StrategyInput:
+class StrategyInput(NamedTuple):
     """What the strategy stage decides from.
 
     Attributes:
         machine: the machine planned for.
         parts: the part registries' snapshot.
-        specs: the strategy registry (fixed for one registry version; not part of
-            equality, so a memo of this stage lives within one version).
+        specs: the strategy registry (a mapping: this input is not hashable; a memo
+            of this stage keys it by the other fields, within one registry version).
         requested: ``"auto"`` or the registered name asked for.
         accelerator: the chosen accelerator.
-        accelerator_reason: why, in words (quoted in refusals; not part of equality).
+        accelerator_reason: why, in words (quoted in refusals).
         devices: the devices request.
         parallel_devices: the devices placed on one node.
         num_nodes: the node count.
         cluster: the cluster environment's name.
         cluster_external: whether the cluster creates the processes.
-        written_strategy, written_devices, written_num_nodes: the flags as written,
-            quoted in reasons and refusals (not part of equality).
     """
 
     machine: Machine
     parts: PartTables
-    specs: Mapping[str, StrategySpec] = field(compare=False)
+    specs: Mapping[str, StrategySpec]
     requested: str
     accelerator: str
-    accelerator_reason: str = field(default="", compare=False)
+    accelerator_reason: str
     devices: DevicesRequest
     parallel_devices: tuple[str, ...]
     num_nodes: int
     cluster: str
     cluster_external: bool
-    written_strategy: object = field(default=None, compare=False)
-    written_devices: object = field(default=None, compare=False)
-    written_num_nodes: object = field(default=None, compare=False)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StrategyChoice:
+class StrategyChoice(NamedTuple):
     """The strategy stage's result.
 
     Attributes:
@@ -485,8 +480,8 @@ STRATEGY_STAGE = Stage(
 )
 
 
-def choose_strategy(inputs: StrategyInput) -> StrategyChoice:
-    """The strategy stage.
+def choose_strategy(inputs: StrategyInput, written: Written = NOT_WRITTEN) -> StrategyChoice:
+    """The strategy stage; ``written`` holds the flags as written, to quote.
 
     Raises:
         ResolutionError: the strategy does not run on this accelerator, geometry or
@@ -498,8 +493,8 @@ def choose_strategy(inputs: StrategyInput) -> StrategyChoice:
         accelerator=inputs.accelerator, accelerator_reason=inputs.accelerator_reason,
         devices=inputs.devices, parallel_devices=inputs.parallel_devices,
         num_nodes=inputs.num_nodes, cluster=inputs.cluster,
-        cluster_external=inputs.cluster_external, strategy_flag=inputs.written_strategy,
-        devices_flag=inputs.written_devices, num_nodes_flag=inputs.written_num_nodes,
+        cluster_external=inputs.cluster_external, strategy_flag=written.strategy,
+        devices_flag=written.devices, num_nodes_flag=written.num_nodes,
     )
     trace = run_stage(STRATEGY_STAGE, draft, inputs.parts)
     return StrategyChoice(spec=draft.chosen_spec, launcher=draft.launcher,
