@@ -26,10 +26,12 @@ from interlock.connector.parts_registry import (
     REGISTRIES,
     accelerator_rows,
     broken_part_entry_points,
+    checkpoint_io_rows,
     environment_rows,
     part_entry_points,
     precision_rows,
     register_accelerator,
+    register_checkpoint_io,
     register_environment,
     register_launcher,
     register_part,
@@ -39,7 +41,13 @@ from interlock.connector.parts_registry import (
     unregister_precision,
 )
 from interlock.connector.registry import registry_version
-from interlock.connector.tables import AcceleratorRow, ClusterRow, LauncherRow, PrecisionRow
+from interlock.connector.tables import (
+    AcceleratorRow,
+    CheckpointIORow,
+    ClusterRow,
+    LauncherRow,
+    PrecisionRow,
+)
 from machines import CPU, ONE_GPU
 
 FP8 = PrecisionRow(
@@ -274,6 +282,22 @@ def test_the_rules_page_documents_the_built_in_rows_only(clean: None) -> None:
 
 
 # --------------------------------------------------------------------------- accelerators
+
+
+@pytest.mark.usefixtures("clean")
+def test_an_accelerator_row_names_its_checkpoint_io() -> None:
+    tagged = CheckpointIORow(name="ilk_tagged", factory="ilk_parts:TaggedIO",
+                             description="torch's format under another name")
+    with pytest.raises(RegistrationError, match="checkpoint_io 'ilk_tagged' is unknown"):
+        register_accelerator(dataclasses.replace(NPU, checkpoint_io="ilk_tagged"))
+    register_checkpoint_io(tagged)
+    register_accelerator(dataclasses.replace(NPU, checkpoint_io="ilk_tagged"))
+    npus = Machine(extra_devices={"ilk_npu": 2})
+    result = plan(accelerator="ilk_npu", machine=npus)
+    assert result.checkpoint_io == "ilk_tagged"
+    assert "plugins/checkpoint-io-ilk_tagged" in [step.rule for step in result.trace]
+    assert plan(machine=CPU).checkpoint_io == "torch"  # the others keep theirs
+    assert checkpoint_io_rows()["ilk_tagged"] == tagged
 
 
 @pytest.mark.usefixtures("clean")

@@ -11,7 +11,7 @@ import torch
 from third_party_parts import CountingPrecision, GridEnvironment
 
 import interlock
-from interlock import ClusterRow, Machine, PrecisionRow
+from interlock import CheckpointIORow, ClusterRow, Machine, PrecisionRow
 
 COUNTING = PrecisionRow(
     name="32-counting", param_dtype="float32", compute_dtype="float32", scaler=False,
@@ -91,3 +91,26 @@ def test_unregistering_takes_the_part_out_of_plan_again() -> None:
     with pytest.raises(interlock.ResolutionError) as info:
         interlock.plan(accelerator="cpu", precision="32-counting", machine=Machine())
     assert info.value.code == "unknown-precision"
+
+
+def test_a_registered_checkpoint_io_is_built_from_its_row() -> None:
+    from third_party_parts import TaggedCheckpointIO
+
+    from interlock.strategies.io import checkpoint_io_for
+
+    row = CheckpointIORow(name="probe_tagged", factory="third_party_parts:TaggedCheckpointIO",
+                          description="torch's format under another name")
+    broken = CheckpointIORow(name="probe_broken", factory="third_party_parts:NotACheckpointIO",
+                             description="makes something else")
+    interlock.register_checkpoint_io(row)
+    interlock.register_checkpoint_io(broken)
+    try:
+        assert type(checkpoint_io_for("probe_tagged")) is TaggedCheckpointIO
+        with pytest.raises(TypeError, match="made a NotACheckpointIO, not an interlock "
+                           "CheckpointIO"):
+            checkpoint_io_for("probe_broken")
+    finally:
+        interlock.unregister_checkpoint_io(row.name)
+        interlock.unregister_checkpoint_io(broken.name)
+    with pytest.raises(ValueError, match="unknown checkpoint IO 'probe_tagged'"):
+        checkpoint_io_for("probe_tagged")

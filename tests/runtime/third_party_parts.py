@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from interlock.strategies.environments import LocalEnvironment
+from interlock.strategies.io import TorchCheckpointIO
 from interlock.strategies.precision import Precision
 
 
@@ -38,3 +39,13 @@ class GridEnvironment(LocalEnvironment):
     @classmethod
     def detect(cls, environ: Mapping[str, str] | None = None) -> bool:
         return environ is not None and "PROBE_GRID_JOB" in environ
+
+
+class TaggedCheckpointIO(TorchCheckpointIO):
+    """A third party's checkpoint IO: torch's format, with its own name."""
+
+    name = "probe_tagged"
+
+
+class NotACheckpointIO:
+    """What a broken checkpoint IO row's factory makes."""

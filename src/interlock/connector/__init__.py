@@ -9,14 +9,17 @@ from interlock.connector.errors import ERROR_CODES, ResolutionError
 from interlock.connector.machine import Machine
 from interlock.connector.parts_registry import (
     accelerator_rows,
+    checkpoint_io_rows,
     environment_rows,
     launcher_rows,
     precision_rows,
     register_accelerator,
+    register_checkpoint_io,
     register_environment,
     register_launcher,
     register_precision,
     unregister_accelerator,
+    unregister_checkpoint_io,
     unregister_environment,
     unregister_launcher,
     unregister_precision,
@@ -29,13 +32,20 @@ from interlock.connector.registry import (
     unregister_strategy,
 )
 from interlock.connector.specs import StrategySpec
-from interlock.connector.tables import AcceleratorRow, ClusterRow, LauncherRow, PrecisionRow
+from interlock.connector.tables import (
+    AcceleratorRow,
+    CheckpointIORow,
+    ClusterRow,
+    LauncherRow,
+    PrecisionRow,
+)
 from interlock.connector.trace import TraceStep
 
 __all__ = [
     "ERROR_CODES",
     "STAGES",
     "AcceleratorRow",
+    "CheckpointIORow",
     "ClusterRow",
     "LauncherRow",
     "Machine",
@@ -46,17 +56,20 @@ __all__ = [
     "StrategySpec",
     "TraceStep",
     "accelerator_rows",
+    "checkpoint_io_rows",
     "environment_rows",
     "launcher_rows",
     "plan",
     "precision_rows",
     "register_accelerator",
+    "register_checkpoint_io",
     "register_environment",
     "register_launcher",
     "register_precision",
     "register_strategy",
     "strategy_specs",
     "unregister_accelerator",
+    "unregister_checkpoint_io",
     "unregister_environment",
     "unregister_launcher",
     "unregister_precision",

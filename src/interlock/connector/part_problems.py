@@ -30,6 +30,7 @@ from interlock.connector.tables import (
     LEGACY_PRECISIONS,
     STRATEGY_PRECISION_PLUGINS,
     AcceleratorRow,
+    CheckpointIORow,
     ClusterRow,
     LauncherRow,
     PrecisionRow,
@@ -53,6 +54,7 @@ class Known:
 
     precisions: Mapping[str, PrecisionRow]
     accelerators: Mapping[str, AcceleratorRow]
+    checkpoint_ios: Mapping[str, CheckpointIORow]
     #: strategy specs by name (typed loosely: the specs module depends on this one)
     strategies: Mapping[str, Any]
 
@@ -157,6 +159,9 @@ def accelerator_problems(row: object, known: Known) -> list[str]:
     if row.name in ACCELERATOR_CHOOSERS or row.name in ACCELERATOR_ALIASES:
         problems.append(f"name {row.name!r} is an accelerator input of its own "
                         f"({', '.join((*ACCELERATOR_CHOOSERS, *ACCELERATOR_ALIASES))})")
+    if row.checkpoint_io not in known.checkpoint_ios:
+        problems.append(f"checkpoint_io {short_repr(row.checkpoint_io)} is unknown; known: "
+                        f"{', '.join(known.checkpoint_ios)}")
     if row.device_count is not None and not (
         isinstance(row.device_count, str) and FACTORY_PATTERN.match(row.device_count)
     ):
@@ -235,8 +240,19 @@ def launcher_problems(row: object, known: Known) -> list[str]:
 
 
 #: The check for each part kind.
+def checkpoint_io_problems(row: object, known: Known) -> list[str]:
+    """Everything wrong with a would-be checkpoint IO row."""
+    if not isinstance(row, CheckpointIORow):
+        return [f"expected a CheckpointIORow, got {type(row).__name__}"]
+    problems: list[str] = []
+    _common(row, NAME_PATTERN, problems)
+    _requires(row.requires, problems)
+    return problems
+
+
 CHECKS: Mapping[str, Callable[[object, Known], list[str]]] = {
     "precisions": precision_problems,
+    "checkpoint_io": checkpoint_io_problems,
     "accelerators": accelerator_problems,
     "environments": environment_problems,
     "launchers": launcher_problems,

@@ -63,11 +63,13 @@ from interlock.connector.tables import (
     ACCELERATOR_ALIASES,
     ACCELERATOR_CHOOSERS,
     ACCELERATORS,
+    CHECKPOINT_IOS,
     CLUSTERS,
     DETECTION_VARIABLE,
     LAUNCHERS,
     PRECISIONS,
     AcceleratorRow,
+    CheckpointIORow,
     ClusterRow,
     LauncherRow,
     PrecisionRow,
@@ -78,10 +80,12 @@ if TYPE_CHECKING:
 
     from interlock.connector.part_problems import Known
 
-R = TypeVar("R", PrecisionRow, AcceleratorRow, ClusterRow, LauncherRow)
+R = TypeVar("R", PrecisionRow, CheckpointIORow, AcceleratorRow, ClusterRow, LauncherRow)
 
-#: The part kinds, in the order their entry point groups load.
-PART_KINDS: tuple[str, ...] = ("precisions", "accelerators", "environments", "launchers")
+#: The part kinds, in the order their entry point groups load (an accelerator row may
+#: name a checkpoint IO row, which loads first).
+PART_KINDS: tuple[str, ...] = ("precisions", "checkpoint_io", "accelerators", "environments",
+                               "launchers")
 
 
 class PartRegistry(Generic[R]):
@@ -161,6 +165,8 @@ class PartRegistry(Generic[R]):
 
 PRECISION_REGISTRY = PartRegistry(kind="precisions", noun="precision",
                                   row_type=PrecisionRow, builtin=PRECISIONS)
+CHECKPOINT_IO_REGISTRY = PartRegistry(kind="checkpoint_io", noun="checkpoint IO",
+                                      row_type=CheckpointIORow, builtin=CHECKPOINT_IOS)
 ACCELERATOR_REGISTRY = PartRegistry(kind="accelerators", noun="accelerator",
                                     row_type=AcceleratorRow, builtin=ACCELERATORS)
 ENVIRONMENT_REGISTRY = PartRegistry(kind="environments", noun="cluster environment",
@@ -171,6 +177,7 @@ LAUNCHER_REGISTRY = PartRegistry(kind="launchers", noun="launcher",
 #: Each kind's registry, in loading order.
 REGISTRIES: Mapping[str, PartRegistry[Any]] = MappingProxyType({
     "precisions": PRECISION_REGISTRY,
+    "checkpoint_io": CHECKPOINT_IO_REGISTRY,
     "accelerators": ACCELERATOR_REGISTRY,
     "environments": ENVIRONMENT_REGISTRY,
     "launchers": LAUNCHER_REGISTRY,
@@ -211,7 +218,7 @@ def _known(*, taken_by: PartRegistry[Any] | None = None,
         return taken if registry is taken_by and taken is not None else registry.rows
 
     return Known(precisions=rows(PRECISION_REGISTRY), accelerators=rows(ACCELERATOR_REGISTRY),
-                 strategies=_strategy_source())
+                 checkpoint_ios=rows(CHECKPOINT_IO_REGISTRY), strategies=_strategy_source())
 
 
 def parts_version() -> int:
@@ -376,6 +383,27 @@ def environment_rows() -> Mapping[str, ClusterRow]:
     return ENVIRONMENT_REGISTRY.view
 
 
+def register_checkpoint_io(row: CheckpointIORow, *,
+                           source: str = "register_checkpoint_io()") -> None:
+    """Add a checkpoint IO that accelerator rows may name as their default.
+
+    Raises:
+        RegistrationError: the row is malformed or its name is taken.
+    """
+    _register(CHECKPOINT_IO_REGISTRY, row, source)
+
+
+def unregister_checkpoint_io(name: str) -> None:
+    """Remove a registered checkpoint IO (built-in ones cannot be removed)."""
+    unregister_part("checkpoint_io", name)
+
+
+def checkpoint_io_rows() -> Mapping[str, CheckpointIORow]:
+    """A read-only view of every checkpoint IO, built-in first."""
+    _ensure_loaded()
+    return CHECKPOINT_IO_REGISTRY.view
+
+
 def register_launcher(row: LauncherRow, *, source: str = "register_launcher()") -> None:
     """Add a launcher that strategy specs may name.
 
@@ -427,8 +455,8 @@ class PartTables:
 
     Attributes:
         version: the `parts_version` it was taken at.
-        precisions, accelerators, environments, launchers: the rows by name, built-in
-            first, then registered in registration order.
+        precisions, accelerators, environments, launchers, checkpoint_ios: the rows by
+            name, built-in first, then registered in registration order.
         precision_names: the precision names in that order.
         accelerator_names: the accelerator names in that order.
         accelerator_inputs: every name the accelerator flag accepts.
@@ -448,6 +476,7 @@ class PartTables:
     accelerators: Mapping[str, AcceleratorRow]
     environments: Mapping[str, ClusterRow]
     launchers: Mapping[str, LauncherRow]
+    checkpoint_ios: Mapping[str, CheckpointIORow]
     precision_names: tuple[str, ...]
     accelerator_names: tuple[str, ...]
     accelerator_inputs: tuple[str, ...]
@@ -518,6 +547,7 @@ def _take_snapshot() -> PartTables:
         accelerators=MappingProxyType(accelerators),
         environments=MappingProxyType(environments),
         launchers=MappingProxyType(dict(LAUNCHER_REGISTRY.rows)),
+        checkpoint_ios=MappingProxyType(dict(CHECKPOINT_IO_REGISTRY.rows)),
         precision_names=tuple(precisions),
         accelerator_names=tuple(accelerators),
         accelerator_inputs=("auto", *accelerators, *(c for c in ACCELERATOR_CHOOSERS

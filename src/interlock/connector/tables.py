@@ -177,6 +177,8 @@ class AcceleratorRow:
         factory: ``"package.module:Class"`` of its Accelerator class.
         strategies: strategies that run on it, beyond those whose own row lists it
             (built-in rows leave this empty: the strategy rows list them).
+        checkpoint_io: the checkpoint IO row its strategies save through unless a
+            checkpoint IO plugin is given.
         device_count: a registered accelerator's device counter,
             ``"package.module:function"``: called with no arguments, it returns how many
             devices of this kind the host has, without starting their runtime
@@ -198,6 +200,7 @@ class AcceleratorRow:
     description: str
     factory: str
     strategies: frozenset[str] = frozenset()
+    checkpoint_io: str = "torch"
     device_count: str | None = None
 
     def __post_init__(self) -> None:
@@ -229,7 +232,7 @@ ACCELERATORS: tuple[AcceleratorRow, ...] = (
     ),
     AcceleratorRow(
         name="xla", machine_fact="xla_devices", requires=("torch_xla",), backend="xla",
-        factory="interlock.strategies.accelerators.xla:XLAAccelerator",
+        factory="interlock.strategies.accelerators.xla:XLAAccelerator", checkpoint_io="xla",
         runner="tpu",
         precisions=frozenset(("32-true", "16-true", "bf16-true")),
         description="TPU cores (or other PJRT devices) through torch_xla",
@@ -255,6 +258,43 @@ ACCELERATOR_ALIASES: Mapping[str, str] = MappingProxyType({"tpu": "xla"})
 ACCELERATOR_INPUTS: tuple[str, ...] = ("auto", *ACCELERATOR_NAMES, "gpu", *ACCELERATOR_ALIASES)
 
 # --------------------------------------------------------------------------- launchers
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointIORow:
+    """A checkpoint IO: how a strategy's checkpoints are written and read.
+
+    Attributes:
+        name: canonical name (a Plan's ``checkpoint_io``).
+        factory: ``"package.module:Class"`` of its CheckpointIO class, constructed with
+            no arguments.
+        requires: optional packages needed to use it.
+        description: one line for the docs.
+
+    An accelerator row names the one its strategies use by default
+    (``AcceleratorRow.checkpoint_io``); a checkpoint IO plugin replaces it.
+    """
+
+    name: str
+    factory: str
+    requires: tuple[str, ...] = ()
+    description: str
+
+    def __post_init__(self) -> None:
+        _freeze(self, sets=(), tuples=("requires",))
+
+
+CHECKPOINT_IOS: tuple[CheckpointIORow, ...] = (
+    CheckpointIORow(
+        name="torch", factory="interlock.strategies.io.torch_io:TorchCheckpointIO",
+        description="torch.save and torch.load, written atomically",
+    ),
+    CheckpointIORow(
+        name="xla", factory="interlock.strategies.io.xla_io:XLACheckpointIO",
+        requires=("torch_xla",),
+        description="the torch format, with XLA tensors moved to the CPU first",
+    ),
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,4 +1,8 @@
-"""Stage 7, plugins: wire the remaining plugins (the checkpoint IO)."""
+"""Stage 7, plugins: wire the remaining plugins (the checkpoint IO).
+
+A registered checkpoint IO row gets a ``plugins/checkpoint-io-<name>`` rule (taken when
+the accelerator's row names it) just before ``plugins/checkpoint-io-torch``.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
-from interlock.connector.parts_registry import PartTables
+from interlock.connector.parts_registry import CHECKPOINT_IO_REGISTRY, PartTables
 from interlock.connector.rules import Decision, Draft, Rule, Stage, always, run_stage
+from interlock.connector.tables import CheckpointIORow
 from interlock.connector.trace import TraceStep
 
 
 class PluginsInput(NamedTuple):
-    """What the plugins stage decides from: the accelerator and the checkpoint IO
-    plugin given, if any."""
+    """What the plugins stage decides from: the part registries' snapshot, the
+    accelerator and the checkpoint IO plugin given, if any."""
 
     parts: PartTables
     accelerator: str
@@ -34,6 +39,7 @@ class PluginsDraft(Draft):
 
     OUTPUTS: ClassVar[frozenset[str]] = frozenset({"checkpoint_io"})
 
+    parts: PartTables
     accelerator: str
     checkpoint_io_plugin: object | None = None
     # decided
@@ -45,6 +51,12 @@ def _custom_io(ctx: PluginsDraft) -> str:
     return f"checkpoint IO from the plugin {ctx.checkpoint_io}"
 
 
+def _row_io(ctx: PluginsDraft) -> str | None:
+    """The checkpoint IO the accelerator's row names."""
+    row = ctx.parts.accelerators.get(ctx.accelerator)
+    return row.checkpoint_io if row is not None else None
+
+
 def _default_io(name: str) -> Callable[[PluginsDraft], str]:
     def then(ctx: PluginsDraft) -> str:
         ctx.checkpoint_io = name
@@ -53,9 +65,29 @@ def _default_io(name: str) -> Callable[[PluginsDraft], str]:
     return then
 
 
+def _io_rule(row: CheckpointIORow, doc: str | None = None) -> Rule[PluginsDraft]:
+    name = row.name
+    return Rule(
+        id=f"plugins/checkpoint-io-{name}",
+        doc=doc or f"The accelerator's row names {name} ({row.description}).",
+        when=lambda c: _row_io(c) == name,
+        then=_default_io(name),
+    )
+
+
+def _registered_ios(parts: PartTables) -> tuple[Rule[PluginsDraft], ...]:
+    builtin = CHECKPOINT_IO_REGISTRY.builtin_names
+    return tuple(_io_rule(row) for name, row in parts.checkpoint_ios.items()
+                 if name not in builtin)
+
+
+_TORCH = CHECKPOINT_IO_REGISTRY.rows["torch"]
+_XLA = CHECKPOINT_IO_REGISTRY.rows["xla"]
+
 PLUGINS_CHOICE = Decision(
     id="plugins/checkpoint-io",
-    doc="Choose the checkpoint IO.",
+    doc="Choose the checkpoint IO: a plugin, else the one the accelerator's row names "
+    "(`AcceleratorRow.checkpoint_io`).",
     rules=(
         Rule(
             id="plugins/checkpoint-io-plugin",
@@ -63,19 +95,18 @@ PLUGINS_CHOICE = Decision(
             when=lambda c: c.checkpoint_io_plugin is not None,
             then=_custom_io,
         ),
-        Rule(
-            id="plugins/checkpoint-io-xla",
-            doc="xla saves through torch_xla.",
-            when=lambda c: c.accelerator == "xla",
-            then=_default_io("xla"),
-        ),
+        _io_rule(_XLA, doc="The accelerator's row names xla (the xla accelerator): saves "
+                 "through torch_xla."),
         Rule(
             id="plugins/checkpoint-io-torch",
-            doc="Otherwise torch.save with atomic writes.",
+            doc="Otherwise torch.save with atomic writes (the row of cpu, cuda and mps "
+            "names torch).",
             when=always,
-            then=_default_io("torch"),
+            then=_default_io(_TORCH.name),
         ),
     ),
+    registered=_registered_ios,
+    registered_before="plugins/checkpoint-io-torch",
 )
 
 PLUGINS_STAGE = Stage(
@@ -87,7 +118,7 @@ PLUGINS_STAGE = Stage(
 
 def choose_plugins(inputs: PluginsInput) -> PluginsChoice:
     """The plugins stage."""
-    draft = PluginsDraft(accelerator=inputs.accelerator,
+    draft = PluginsDraft(parts=inputs.parts, accelerator=inputs.accelerator,
                          checkpoint_io_plugin=inputs.checkpoint_io)
     trace = run_stage(PLUGINS_STAGE, draft, inputs.parts)
     return PluginsChoice(checkpoint_io=draft.checkpoint_io, notes=tuple(draft.notes),

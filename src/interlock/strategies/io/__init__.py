@@ -3,39 +3,38 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
-from types import MappingProxyType
 
+from interlock.connector.parts_registry import checkpoint_io_rows
+from interlock.strategies.factories import load_part
 from interlock.strategies.io.base import CheckpointIO
 from interlock.strategies.io.errors import CheckpointLoadError
 from interlock.strategies.io.torch_io import TorchCheckpointIO
-from interlock.strategies.io.xla_io import XLACheckpointIO
-
-#: The class for each checkpoint IO name the engine gives a Plan when no checkpoint IO
-#: plugin was passed (``Plan.checkpoint_io``).
-CHECKPOINT_IOS: Mapping[str, type[TorchCheckpointIO]] = MappingProxyType(
-    {cls.name: cls for cls in (TorchCheckpointIO, XLACheckpointIO)}
-)
 
 
 def checkpoint_io_for(name: str) -> CheckpointIO:
-    """A new checkpoint IO for one of the engine's names (a Plan's ``checkpoint_io``).
+    """A new checkpoint IO for a row of the checkpoint IO registry (a Plan's
+    ``checkpoint_io``), built from the row's factory.
 
     Raises:
-        ValueError: ``name`` is not a checkpoint IO name the engine gives.
+        ValueError: no checkpoint IO row has that name.
+        ImportError: the row's factory cannot be imported (naming what to install).
     """
-    cls = CHECKPOINT_IOS.get(name)
-    if cls is None:
-        close = difflib.get_close_matches(name, list(CHECKPOINT_IOS), n=1)
+    rows = checkpoint_io_rows()
+    row = rows.get(name)
+    if row is None:
+        close = difflib.get_close_matches(name, list(rows), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ValueError(
-            f"unknown checkpoint IO {name!r}.{hint} Choices: {', '.join(CHECKPOINT_IOS)}."
+            f"unknown checkpoint IO {name!r}.{hint} Choices: {', '.join(rows)}."
         )
-    return cls()
+    made = load_part("checkpoint IO", name, row.factory, row.requires)()
+    if not isinstance(made, CheckpointIO):
+        raise TypeError(f"checkpoint IO {name!r}: {row.factory} made a "
+                        f"{type(made).__name__}, not an interlock CheckpointIO")
+    return made
 
 
 __all__ = [
-    "CHECKPOINT_IOS",
     "CheckpointIO",
     "CheckpointLoadError",
     "TorchCheckpointIO",
