@@ -88,8 +88,10 @@ def evaluate(profile: Profile, space: FlagSpace = FLAG_SPACE) -> Iterator[tuple[
     chosen: dict[tuple[object, ...], StrategyChoice | str] = {}
     checked: dict[tuple[object, ...], str] = {}
 
-    def place(a: Flags, d: Flags, n: Flags) -> tuple[str, ClusterChoice] | str:
-        key = (a.accelerator, d.devices, n.num_nodes)
+    # each runs on a memo miss only: the loop below looks the memos up itself (a
+    # function call per cell would cost more than the lookup)
+    def place(key: tuple[object, ...], a: Flags, d: Flags,
+              n: Flags) -> tuple[str, ClusterChoice] | str:
         if key not in placed:
             try:
                 accelerator = choose_accelerator(AcceleratorInput(
@@ -106,10 +108,9 @@ def evaluate(profile: Profile, space: FlagSpace = FLAG_SPACE) -> Iterator[tuple[
                 placed[key] = outcome_of(error)
         return placed[key]
 
-    def choose(base: tuple[str, ClusterChoice], d: Flags, n: Flags,
+    def choose(key: tuple[object, ...], base: tuple[str, ClusterChoice], d: Flags, n: Flags,
                s: Flags) -> StrategyChoice | str:
         accelerator, cluster = base
-        key = (accelerator, d.devices, n.num_nodes, s.strategy)
         if key not in chosen:
             try:
                 chosen[key] = choose_strategy(StrategyInput(
@@ -122,12 +123,10 @@ def evaluate(profile: Profile, space: FlagSpace = FLAG_SPACE) -> Iterator[tuple[
                 chosen[key] = outcome_of(error)
         return chosen[key]
 
-    def check(accelerator: str, choice: StrategyChoice, cluster: ClusterChoice,
-              s: Flags, p: Flags, n: Flags) -> str:
+    def check(key: tuple[object, ...], accelerator: str, choice: StrategyChoice,
+              cluster: ClusterChoice, s: Flags, p: Flags, n: Flags) -> str:
         spec = choice.spec
         explicit = s.strategy != "auto"
-        key = (accelerator, spec.name, explicit, p.precision, choice.launcher, cluster.name,
-               len(choice.parallel_devices), n.num_nodes)
         if key not in checked:
             try:
                 precision = choose_precision(PrecisionInput(
@@ -161,12 +160,18 @@ def evaluate(profile: Profile, space: FlagSpace = FLAG_SPACE) -> Iterator[tuple[
                         assert not isinstance(a, str) and not isinstance(d, str)
                         assert not isinstance(s, str) and not isinstance(p, str)
                         assert not isinstance(n, str)
-                        base = place(a, d, n)
+                        key: tuple[object, ...] = (a.accelerator, d.devices, n.num_nodes)
+                        base = placed.get(key) or place(key, a, d, n)
                         if isinstance(base, str):
                             yield cell, base
                             continue
-                        choice = choose(base, d, n, s)
+                        key = (*key, s.strategy)
+                        choice = chosen.get(key) or choose(key, base, d, n, s)
                         if isinstance(choice, str):
                             yield cell, choice
                             continue
-                        yield cell, check(base[0], choice, base[1], s, p, n)
+                        key = (base[0], choice.spec.name, s.strategy != "auto", p.precision,
+                               choice.launcher, base[1].name, len(choice.parallel_devices),
+                               n.num_nodes)
+                        yield cell, checked.get(key) or check(key, base[0], choice, base[1],
+                                                              s, p, n)

@@ -19,8 +19,6 @@ same functions, memoised by their inputs (which compare by what the rules decide
 never by the flags' spelling, kept only to quote).
 """
 
-from __future__ import annotations
-
 from typing import Any
 
 from interlock.connector.rules import Stage

@@ -5,8 +5,6 @@ accelerator gets an ``accelerator/auto-<name>`` rule just before ``accelerator/a
 (see `interlock.connector.parts_registry` for why there).
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 

@@ -7,8 +7,6 @@ before ``cluster/external``, from the part registries at call time (``parts``; s
 for the runtime, through `check_geometry`.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple

@@ -5,8 +5,6 @@ A registered accelerator's devices are indexed like CUDA's: its ``devices/<name>
 rules come from the part registries at call time (``parts``).
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple

@@ -5,8 +5,6 @@ own decision also runs alone through `read_flag`, which is how the matrix parses
 distinct value of a flag once.
 """
 
-from __future__ import annotations
-
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace

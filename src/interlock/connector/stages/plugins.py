@@ -4,8 +4,6 @@ A registered checkpoint IO row gets a ``plugins/checkpoint-io-<name>`` rule (tak
 the accelerator's row names it) just before ``plugins/checkpoint-io-torch``.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple

@@ -5,8 +5,6 @@ Which precisions a strategy takes is read through the registry snapshot (``parts
 spec's own declaration, plus the registered precision rows that name the strategy.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple

@@ -6,8 +6,6 @@ Which accelerators a strategy runs on is read through the registry snapshot
 the strategy.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
