@@ -123,6 +123,11 @@ def _grab(ctx: _Toy) -> bool:
     return True
 
 
+def _noting(ctx: _Toy) -> bool:
+    ctx.note("a predicate that talks")
+    return True
+
+
 def _overwrite_input(ctx: _Toy) -> str:
     ctx.question = 0
     return "wrote its input"
@@ -138,6 +143,8 @@ def _answer(ctx: _Toy) -> str:
      "predicate of rule 'toy/greedy' changed answer"),
     (Rule(id="toy/rude", doc="", when=always, then=_overwrite_input),
      "action of rule 'toy/rude' changed question"),
+    (Rule(id="toy/chatty", doc="", when=_noting, then=_answer),
+     "predicate of rule 'toy/chatty' changed notes"),
 ])
 def test_the_audit_catches_a_rule_that_writes(rule: Rule[_Toy], message: str) -> None:
     parts = current_parts()
