@@ -262,13 +262,29 @@ def run_decision(stage: str, decision: Decision[D], draft: D, parts: PartTables,
         rules = decision.rules
     else:
         rules = parts.cache.get(decision.id) or decision.rules_for(parts)  # type: ignore[assignment]
+    if _AUDIT[0]:
+        _run_audited(stage, decision, rules, draft, trace)
+        return
     for rule in rules:
-        if _AUDIT[0]:
-            before = _fields(draft)
-            holds = rule.when(draft)
-            _check(rule, "predicate", before, draft, frozenset())
-        else:
-            holds = rule.when(draft)
+        if rule.when(draft):
+            try:
+                reason = rule.then(draft)
+            except ResolutionError as error:
+                error.rule = rule.id
+                error.trace = tuple(trace)
+                raise
+            trace.append(TraceStep(stage, decision.id, rule.id, reason))
+            return
+    raise RuntimeError(f"internal error: no rule of {decision.id!r} matched")
+
+
+def _run_audited(stage: str, decision: Decision[D], rules: tuple[Rule[D], ...], draft: D,
+                 trace: list[TraceStep]) -> None:
+    """`run_decision` with every predicate and the applied action checked."""
+    for rule in rules:
+        before = _fields(draft)
+        holds = rule.when(draft)
+        _check(rule, "predicate", before, draft, frozenset())
         if not holds:
             continue
         try:
@@ -278,8 +294,7 @@ def run_decision(stage: str, decision: Decision[D], draft: D, parts: PartTables,
             error.trace = tuple(trace)
             raise
         finally:
-            if _AUDIT[0]:
-                _check(rule, "action", before, draft, type(draft).OUTPUTS | {"notes"})
+            _check(rule, "action", before, draft, type(draft).OUTPUTS | {"notes"})
         trace.append(TraceStep(stage, decision.id, rule.id, reason))
         return
     raise RuntimeError(f"internal error: no rule of {decision.id!r} matched")
