@@ -141,7 +141,8 @@ def part_entry_point_lines() -> list[str]:
         found = part_entry_points(kind)
         if found:
             registry = REGISTRIES[kind]
-            lines += ["", f"{registry.noun.capitalize()} entry points ({registry.group}):"]
+            noun = registry.noun[:1].upper() + registry.noun[1:]  # "Checkpoint IO"
+            lines += ["", f"{noun} entry points ({registry.group}):"]
             lines += _status_lines(found, f"no {registry.plural}")
     return lines
 
