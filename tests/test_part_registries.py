@@ -312,7 +312,9 @@ def test_a_registered_accelerator_counts_its_devices_when_the_machine_is_probed(
 @pytest.mark.parametrize(("counter", "why"), [
     ("plugins:failing_device_count", r"failed \(RuntimeError: the driver is not loaded\)"),
     ("plugins:junk_device_count", "returned '3', not a count from 0 to 4096"),
-    ("ilk_no_such_module:count", r"failed \(ModuleNotFoundError"),
+    ("ilk_no_such_module:count", r"failed \(ImportError: the device counter of "
+     r"accelerator 'ilk_npu' is implemented by ilk_no_such_module:count, which cannot be "
+     r"imported: No module named 'ilk_no_such_module'"),
 ])
 @pytest.mark.usefixtures("clean")
 def test_a_device_counter_that_fails_is_reported_and_counts_none(counter: str,

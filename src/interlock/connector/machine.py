@@ -11,7 +11,6 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
 
 from interlock.connector.limits import MAX_DEVICES_PER_NODE, short_repr
 
@@ -217,12 +216,10 @@ def _extra_devices(value: object) -> dict[str, int]:
 def _count_devices(name: str, counter: str) -> int:
     """What a registered accelerator's device counter returns (0, with a
     ``RuntimeWarning`` saying why, when it fails or returns no device count)."""
-    module, _, attribute = counter.partition(":")
+    from interlock.connector.registration import load_reference
+
     try:
-        target: Any = importlib.import_module(module)
-        for part in attribute.split("."):
-            target = getattr(target, part)
-        value = target()
+        value = load_reference("the device counter of accelerator", name, counter)()
     except Exception as exc:
         warnings.warn(f"the accelerator {name!r} counts its devices with {counter}, which "
                       f"failed ({type(exc).__name__}: {exc}); it is planned with no device",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeAlias
@@ -11,6 +10,7 @@ from interlock.connector.errors import ResolutionError, did_you_mean
 from interlock.connector.limits import MAX_DEVICES_PER_NODE
 from interlock.connector.machine import Machine
 from interlock.connector.parts_registry import current_parts
+from interlock.connector.registration import load_reference
 from interlock.connector.registry import (
     broken_entry_points,
     registry_version,
@@ -172,20 +172,7 @@ class Plan:
 def load_factory(spec: StrategySpec) -> Any:
     """Import the object a spec's ``factory`` names, with an error that says which
     strategy needed it and what to install."""
-    module_name, _, attribute = spec.factory.partition(":")
-    try:
-        target: Any = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError) as exc:
-        from interlock.connector.tables import INSTALL_HINTS
-
-        hints = "; ".join(INSTALL_HINTS[p] for p in spec.requires if p in INSTALL_HINTS)
-        raise ImportError(
-            f"strategy {spec.name!r} is implemented by {spec.factory}, which cannot be "
-            f"imported: {exc}" + (f" (install: {hints})" if hints else "")
-        ) from exc
-    return target
+    return load_reference("strategy", spec.name, spec.factory, spec.requires)
 
 
 #: constructor parameters a strategy's parts arrive through: the plan provides them,
