@@ -84,6 +84,12 @@ def device_count(row: AcceleratorRow, machine: Machine) -> int | None:
     return int(getattr(machine, row.machine_fact))
 
 
+def devices_on(accelerator: str, parts: PartTables, machine: Machine) -> int:
+    """Devices of the accelerator named ``accelerator`` on ``machine`` (0 for the CPU,
+    where devices counts processes)."""
+    return device_count(parts.accelerators[accelerator], machine) or 0
+
+
 def _missing_packages(row: AcceleratorRow, ctx: AcceleratorDraft) -> tuple[str, ...]:
     return tuple(p for p in row.requires if p not in ctx.machine.packages)
 

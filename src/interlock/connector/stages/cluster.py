@@ -28,7 +28,7 @@ from interlock.connector.rules import (
     run_decision,
     run_stage,
 )
-from interlock.connector.stages.accelerator import device_count
+from interlock.connector.stages.accelerator import devices_on
 from interlock.connector.stages.devices import indexed
 from interlock.connector.tables import (
     DETECTION_VALUES,
@@ -104,7 +104,7 @@ class ClusterDraft(PlacedDraft):
 
 
 def _count(ctx: ClusterDraft) -> int:
-    return device_count(ctx.parts.accelerators[ctx.accelerator], ctx.machine) or 0
+    return devices_on(ctx.accelerator, ctx.parts, ctx.machine)
 
 
 #: The built-in cluster environments, for the rules written for them by name.

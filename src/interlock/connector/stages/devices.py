@@ -29,7 +29,7 @@ from interlock.connector.rules import (
     refuse,
     run_stage,
 )
-from interlock.connector.stages.accelerator import device_count, machine_fact
+from interlock.connector.stages.accelerator import devices_on, machine_fact
 from interlock.connector.trace import TraceStep
 
 
@@ -82,7 +82,7 @@ def indexed(name: str, ids: tuple[int, ...] | range) -> tuple[str, ...]:
 
 
 def _count(ctx: DevicesDraft) -> int:
-    return device_count(ctx.parts.accelerators[ctx.accelerator], ctx.machine) or 0
+    return devices_on(ctx.accelerator, ctx.parts, ctx.machine)
 
 
 def _on(name: str, *kinds: str) -> Callable[[DevicesDraft], bool]:

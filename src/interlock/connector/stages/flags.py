@@ -164,15 +164,22 @@ def _refuse_accelerator(ctx: FlagsDraft) -> str:
     )
 
 
+def _broken_among(broken: Sequence[EntryPointStatus],
+                  value: object) -> EntryPointStatus | None:
+    """The broken entry point among ``broken`` that stands for the name ``value``."""
+    name = _norm(value)
+    return next((ep for ep in broken if name in ep.names), None)
+
+
 def _broken_part(ctx: FlagsDraft, kind: str, value: object) -> EntryPointStatus | None:
     """The broken entry point of a part group that stands for the name ``value``."""
-    name = _norm(value)
-    return next((ep for ep in ctx.parts.broken[kind] if name in ep.names), None)
+    return _broken_among(ctx.parts.broken[kind], value)
 
 
-def _refuse_broken_part(ctx: FlagsDraft, kind: str, flag: str, value: object,
-                        choices: Sequence[str]) -> str:
-    ep = _broken_part(ctx, kind, value)
+def _refuse_broken(broken: Sequence[EntryPointStatus], kind: str, flag: str, value: object,
+                   choices: Sequence[str]) -> str:
+    """The ``broken-entry-point`` refusal of a strategy or part name."""
+    ep = _broken_among(broken, value)
     refuse(
         "broken-entry-point",
         flag=flag,
@@ -227,8 +234,9 @@ ACCELERATOR_FLAG = Decision(
             "or a row name it returned) when that entry point failed to load: refused "
             "with the entry point's error, like a strategy's.",
             when=lambda c: _broken_part(c, "accelerators", c.accelerator_flag) is not None,
-            then=lambda c: _refuse_broken_part(c, "accelerators", "accelerator",
-                                               c.accelerator_flag, c.parts.accelerator_inputs),
+            then=lambda c: _refuse_broken(c.parts.broken["accelerators"], "accelerators",
+                                          "accelerator", c.accelerator_flag,
+                                          c.parts.accelerator_inputs),
             refuses="broken-entry-point",
         ),
         Rule(
@@ -268,8 +276,7 @@ def _refuse_withdrawn(ctx: FlagsDraft) -> str:
 
 
 def _broken_entry_point(ctx: FlagsDraft) -> EntryPointStatus | None:
-    name = _norm(ctx.strategy_flag)
-    return next((ep for ep in ctx.broken_entry_points if name in ep.strategies), None)
+    return _broken_among(ctx.broken_entry_points, ctx.strategy_flag)
 
 
 def _registered_names(ctx: FlagsDraft) -> tuple[str, ...]:
@@ -277,16 +284,8 @@ def _registered_names(ctx: FlagsDraft) -> tuple[str, ...]:
 
 
 def _refuse_broken_entry_point(ctx: FlagsDraft) -> str:
-    ep = _broken_entry_point(ctx)
-    refuse(
-        "broken-entry-point",
-        flag="strategy",
-        value=ctx.strategy_flag,
-        reason=f"this name belongs to the {ep.describe() if ep else 'entry point'}, which "
-        f"failed to load ({ep.error if ep else '?'}); fix or uninstall that package (the "
-        "other strategies are unaffected).",
-        choices=("auto", *_registered_names(ctx)),
-    )
+    return _refuse_broken(ctx.broken_entry_points, "strategies", "strategy",
+                          ctx.strategy_flag, ("auto", *_registered_names(ctx)))
 
 
 def _refuse_strategy(ctx: FlagsDraft) -> str:
@@ -450,8 +449,9 @@ PRECISION_FLAG = Decision(
             doc="A name an `interlock.precisions` entry point stands for when that entry "
             "point failed to load: refused with the entry point's error.",
             when=lambda c: _broken_part(c, "precisions", c.precision_flag) is not None,
-            then=lambda c: _refuse_broken_part(c, "precisions", "precision",
-                                               c.precision_flag, c.parts.precision_names),
+            then=lambda c: _refuse_broken(c.parts.broken["precisions"], "precisions",
+                                          "precision", c.precision_flag,
+                                          c.parts.precision_names),
             refuses="broken-entry-point",
         ),
         Rule(
