@@ -37,6 +37,7 @@ from interlock.connector.parts_registry import (
     register_part,
     register_precision,
     unregister_accelerator,
+    unregister_checkpoint_io,
     unregister_environment,
     unregister_precision,
 )
@@ -298,6 +299,13 @@ def test_an_accelerator_row_names_its_checkpoint_io() -> None:
     assert "plugins/checkpoint-io-ilk_tagged" in [step.rule for step in result.trace]
     assert plan(machine=CPU).checkpoint_io == "torch"  # the others keep theirs
     assert checkpoint_io_rows()["ilk_tagged"] == tagged
+    # its plans must not silently save another way: the accelerator goes first
+    with pytest.raises(RegistrationError, match="cannot unregister checkpoint IO "
+                       "'ilk_tagged': the accelerator ilk_npu saves through it"):
+        unregister_checkpoint_io("ilk_tagged")
+    unregister_accelerator("ilk_npu")
+    unregister_checkpoint_io("ilk_tagged")
+    assert "ilk_tagged" not in checkpoint_io_rows()
 
 
 @pytest.mark.usefixtures("clean")

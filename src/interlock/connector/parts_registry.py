@@ -394,7 +394,17 @@ def register_checkpoint_io(row: CheckpointIORow, *,
 
 
 def unregister_checkpoint_io(name: str) -> None:
-    """Remove a registered checkpoint IO (built-in ones cannot be removed)."""
+    """Remove a registered checkpoint IO (built-in ones cannot be removed).
+
+    Raises:
+        RegistrationError: it is built in, or an accelerator row still names it (its
+            plans would silently save another way): unregister that accelerator first.
+    """
+    users = sorted(row.name for row in ACCELERATOR_REGISTRY.rows.values()
+                   if row.checkpoint_io == name)
+    if users and name not in CHECKPOINT_IO_REGISTRY.builtin_names:
+        raise RegistrationError(f"cannot unregister checkpoint IO {name!r}: the accelerator "
+                                f"{', '.join(users)} saves through it; unregister that first")
     unregister_part("checkpoint_io", name)
 
 

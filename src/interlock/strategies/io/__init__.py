@@ -20,9 +20,9 @@ def checkpoint_io_for(name: str) -> CheckpointIO:
         ImportError: the row's factory cannot be imported (naming what to install).
     """
     rows = checkpoint_io_rows()
-    row = rows.get(name)
+    row = rows.get(name) if isinstance(name, str) else None
     if row is None:
-        close = difflib.get_close_matches(name, list(rows), n=1)
+        close = difflib.get_close_matches(str(name), list(rows), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ValueError(
             f"unknown checkpoint IO {name!r}.{hint} Choices: {', '.join(rows)}."
