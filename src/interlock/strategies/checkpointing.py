@@ -14,14 +14,22 @@ Two formats, both loadable by every strategy:
 
 A save never leaves a half-written checkpoint under the final name: files are written
 atomically by the checkpoint IO, and a directory is written under a staging name and
-moved into place once every rank has finished.
+moved into place once every rank has finished. The directory's manifest (every file's
+size and SHA-256, written last) lets a load refuse a directory damaged after saving.
+
+A load is all or nothing: the checkpoint is checked against the live modules and
+optimizers (keys, shapes, dtypes) before anything changes, and a restore that still
+fails half-way is rolled back before the error is raised.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
-from collections.abc import Mapping
+from collections import defaultdict
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +37,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -36,9 +45,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
-from interlock.strategies.io import CheckpointLoadError
+from interlock.strategies.io import CheckpointLoadError, digest
+from interlock.strategies.io.base import load_with
 from interlock.strategies.module_wrapper import unwrap
 
 if TYPE_CHECKING:
@@ -70,16 +81,17 @@ def save(strategy: Strategy, path: str | Path, state: Mapping[str, Any],
 
 
 def load(strategy: Strategy, path: str | Path, state: dict[str, Any],
-         *, weights_only: bool = True) -> dict[str, Any]:
+         *, weights_only: bool = True, verify: bool = True) -> dict[str, Any]:
     """A sharded strategy's load: a distributed directory (any world size) or a full
     file (read on rank 0, scattered)."""
     loader = load_distributed if is_distributed_checkpoint(path) else load_full
-    return loader(strategy, path, state, weights_only=weights_only)
+    return loader(strategy, path, state, weights_only=weights_only, verify=verify)
 
 
 def is_distributed_checkpoint(path: str | Path) -> bool:
-    """Whether ``path`` is a directory written by :func:`save_distributed`."""
-    return Path(path, ".metadata").is_file()
+    """Whether ``path`` is a directory written by :func:`save_distributed` (its
+    ``.metadata`` or its manifest is there)."""
+    return Path(path, ".metadata").is_file() or Path(path, digest.MANIFEST_FILE).is_file()
 
 
 def optimizer_owners(state: Mapping[str, Any]) -> dict[str, nn.Module]:
@@ -185,11 +197,12 @@ def save_full(strategy: Strategy, path: str | Path, state: Mapping[str, Any]) ->
 
 
 def load_full(strategy: Strategy, path: str | Path, state: dict[str, Any],
-              *, weights_only: bool = True) -> dict[str, Any]:
+              *, weights_only: bool = True, verify: bool = True) -> dict[str, Any]:
     """Read a full checkpoint on rank 0 and scatter it into sharded modules (a collective).
 
     Every rank raises the same :class:`CheckpointLoadError` when rank 0 cannot use the
-    file, before anything is restored.
+    file (damaged, or not fitting the modules and optimizers: keys, shapes, dtypes),
+    before anything is restored.
     """
     owners = optimizer_owners(state)
     checkpoint: dict[str, Any] = {}
@@ -197,13 +210,14 @@ def load_full(strategy: Strategy, path: str | Path, state: dict[str, Any],
     not_found = False
     if strategy.is_global_zero:
         try:
-            checkpoint = strategy.checkpoint_io.load_checkpoint(
-                path, map_location="cpu", weights_only=weights_only
-            )
+            checkpoint = load_with(strategy.checkpoint_io, path, map_location="cpu",
+                                   weights_only=weights_only, verify=verify)
             problem = missing_entries(path, checkpoint, state)
-            for name, target in state.items():
+            if problem is None:
                 # checked here, before rank 0's verdict goes out: a mismatch found
                 # later on rank 0 alone would leave the others in the scatter
+                problem = describe_misfits(path, misfits(state, checkpoint))
+            for name, target in state.items():
                 if problem is None and isinstance(target, Optimizer):
                     optimizer_state_by_name(checkpoint[name], target, owners[name])
         except FileNotFoundError as error:
@@ -223,20 +237,22 @@ def load_full(strategy: Strategy, path: str | Path, state: dict[str, Any],
         raise FileNotFoundError(problem)
     if problem is not None:
         raise CheckpointLoadError(str(path), problem)
-    for name, target in state.items():
-        if isinstance(target, nn.Module):
-            set_model_state_dict(unwrap(target), checkpoint.get(name, {}),
-                                 options=_FULL_FROM_RANK0)
-        elif isinstance(target, Optimizer) and name in small:
-            target.load_state_dict(small[name])
-        elif isinstance(target, Optimizer):
-            by_name = (
-                optimizer_state_by_name(checkpoint[name], target, owners[name])
-                if strategy.is_global_zero else {}
-            )
-            set_optimizer_state_dict(owners[name], target, by_name,
-                                     options=_OPTIMIZER_FULL_FROM_RANK0)
-    return _restore_plain(strategy, state, rest)
+    with restoring(strategy, path, state):
+        for name, target in state.items():
+            if isinstance(target, nn.Module):
+                set_model_state_dict(unwrap(target), checkpoint.get(name, {}),
+                                     options=_FULL_FROM_RANK0)
+        for name, target in state.items():
+            if isinstance(target, Optimizer) and name in small:
+                target.load_state_dict(small[name])
+            elif isinstance(target, Optimizer):
+                by_name = (
+                    optimizer_state_by_name(checkpoint[name], target, owners[name])
+                    if strategy.is_global_zero else {}
+                )
+                set_optimizer_state_dict(owners[name], target, by_name,
+                                         options=_OPTIMIZER_FULL_FROM_RANK0)
+        return _restore_plain(strategy, state, rest)
 
 
 def _has_tensors(optimizer_state: dict[str, Any]) -> bool:
@@ -265,10 +281,218 @@ def _restore_plain(strategy: Strategy, state: dict[str, Any],
     precision_state = rest.pop(PRECISION_KEY, None)
     if precision_state is not None:
         strategy.precision.load_state_dict(precision_state)
-    for name, target in state.items():
+    for name, target in list(state.items()):
         if not isinstance(target, (nn.Module, Optimizer)):
             state[name] = rest.pop(name)
     return rest
+
+
+# ------------------------------------------------------------------ fitting the live objects
+
+#: how many problems a refusal lists before it counts the rest
+_SHOWN_PROBLEMS = 5
+#: per-parameter optimizer states that have the parameter's shape (torch's optimizers'
+#: names); other tensors (factored or flat ones, e.g. Adafactor's, LBFGS's) are
+#: compared only with what the live optimizer already holds
+_PARAMETER_SHAPED = frozenset({
+    "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "square_avg",
+    "acc_delta", "sum", "ax", "prev", "step_size", "grad_avg",
+})
+
+
+def _shape(size: Any) -> str:
+    return str(tuple(int(n) for n in size))
+
+
+def _dtype(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def module_misfits(name: str, saved: object, live: Mapping[str, Any]) -> list[str]:
+    """Why the saved state dict ``saved`` does not fit a module whose state dict is
+    ``live``: missing and unexpected keys, other shapes, other dtypes."""
+    where = f"module {name!r}"
+    if not isinstance(saved, Mapping):
+        return [f"{where}: the checkpoint holds a {type(saved).__name__}, not a state dict"]
+    problems = [f"{where}: {key}: not in the checkpoint" for key in live if key not in saved]
+    problems += [f"{where}: {key}: in the checkpoint, not in this model"
+                 for key in saved if key not in live]
+    for key, mine in live.items():
+        theirs = saved.get(key)
+        if not (isinstance(mine, torch.Tensor) and isinstance(theirs, torch.Tensor)):
+            continue
+        if tuple(theirs.shape) != tuple(mine.shape):
+            problems.append(f"{where}: {key}: saved shape {_shape(theirs.shape)}, this model "
+                            f"has {_shape(mine.shape)}")
+        elif theirs.dtype != mine.dtype:
+            problems.append(f"{where}: {key}: saved as {_dtype(theirs.dtype)}, this model "
+                            f"has {_dtype(mine.dtype)}")
+    return problems
+
+
+def optimizer_misfits(name: str, saved: object, optimizer: Optimizer) -> list[str]:
+    """Why ``saved`` (``Optimizer.state_dict``'s layout) does not fit ``optimizer``:
+    other numbers of parameter groups or of parameters per group, per-parameter state
+    of another shape than its parameter (scalars such as Adam's ``step`` are fine)."""
+    where = f"optimizer {name!r}"
+    if not (isinstance(saved, Mapping) and isinstance(saved.get("state"), Mapping)
+            and isinstance(saved.get("param_groups"), list)):
+        return [f"{where}: the checkpoint holds no optimizer state dict"]
+    groups, mine = saved["param_groups"], optimizer.param_groups
+    if len(groups) != len(mine):
+        return [f"{where}: saved with {len(groups)} parameter group(s), this optimizer has "
+                f"{len(mine)}"]
+    problems: list[str] = []
+    params: dict[Any, torch.Tensor] = {}
+    for i, (theirs, ours) in enumerate(zip(groups, mine, strict=True)):
+        indices = theirs.get("params", []) if isinstance(theirs, Mapping) else []
+        if len(indices) != len(ours["params"]):
+            problems.append(f"{where}: parameter group {i}: saved with {len(indices)} "
+                            f"parameters, this optimizer has {len(ours['params'])}")
+        params.update(zip(indices, ours["params"], strict=False))
+    if problems:
+        return problems
+    for index, per_param in saved["state"].items():
+        param = params.get(index)
+        if param is None:
+            problems.append(f"{where}: state for parameter {index!r}, which no saved "
+                            "parameter group lists")
+            continue
+        held = optimizer.state.get(param, {})
+        for key, value in (per_param.items() if isinstance(per_param, Mapping) else ()):
+            if not isinstance(value, torch.Tensor) or value.dim() == 0:
+                continue
+            current = held.get(key)
+            if isinstance(current, torch.Tensor) and current.dim() > 0:
+                expected, whose = current.shape, "this optimizer holds"
+            elif key in _PARAMETER_SHAPED:
+                expected, whose = param.shape, "its parameter has"
+            else:
+                continue
+            if tuple(value.shape) != tuple(expected):
+                problems.append(f"{where}: parameter {index} {key}: saved shape "
+                                f"{_shape(value.shape)}, {whose} {_shape(expected)}")
+    return problems
+
+
+def misfits(state: Mapping[str, Any], checkpoint: Mapping[str, Any]) -> list[str]:
+    """Why the modules and optimizers of a full checkpoint do not fit those of
+    ``state`` (empty when they fit). Entries the checkpoint lacks are not reported
+    here (:func:`missing_entries` does)."""
+    problems: list[str] = []
+    for name, target in state.items():
+        if name not in checkpoint:
+            continue
+        if isinstance(target, nn.Module):
+            problems += module_misfits(name, checkpoint[name], unwrap(target).state_dict())
+        elif isinstance(target, Optimizer):
+            problems += optimizer_misfits(name, checkpoint[name], target)
+    return problems
+
+
+def describe_misfits(path: str | Path, problems: list[str]) -> str | None:
+    """The refusal for ``problems`` (None when there are none)."""
+    if not problems:
+        return None
+    shown = "; ".join(problems[:_SHOWN_PROBLEMS])
+    more = len(problems) - _SHOWN_PROBLEMS
+    return (f"checkpoint {str(path)!r} does not fit the modules and optimizers given, so "
+            f"nothing was restored: {shown}"
+            + (f"; and {more} more problem{'s' if more != 1 else ''}" if more > 0 else ""))
+
+
+def refuse_misfits(path: str | Path, state: Mapping[str, Any],
+                   checkpoint: Mapping[str, Any]) -> None:
+    """Raise :class:`CheckpointLoadError` when the full ``checkpoint`` does not fit the
+    modules and optimizers of ``state``."""
+    problem = describe_misfits(path, misfits(state, checkpoint))
+    if problem is not None:
+        raise CheckpointLoadError(str(path), problem)
+
+
+# ------------------------------------------------------------------ rolling back
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+class Snapshot:
+    """What a load may change, copied before it starts, so that a restore that fails
+    half-way can be undone: module tensors (this rank's shards, in host memory),
+    optimizer state and settings, the precision's state and the plain values."""
+
+    def __init__(self, strategy: Strategy, state: Mapping[str, Any]) -> None:
+        self.strategy = strategy
+        self.modules: dict[str, dict[str, torch.Tensor]] = {}
+        self.optimizers: dict[str, tuple[dict[Any, dict[str, Any]],
+                                         list[dict[str, Any]], list[dict[str, Any]]]] = {}
+        self.plain: dict[str, Any] = {}
+        for name, value in state.items():
+            if isinstance(value, nn.Module):
+                self.modules[name] = {
+                    key: _local(t).detach().to("cpu", copy=True)
+                    for key, t in unwrap(value).state_dict().items()
+                    if isinstance(t, torch.Tensor) and not _local(t).is_meta
+                }
+            elif isinstance(value, Optimizer):
+                self.optimizers[name] = (
+                    {param: {k: v.detach().clone() if isinstance(v, torch.Tensor)
+                             else copy.deepcopy(v) for k, v in per_param.items()}
+                     for param, per_param in value.state.items()},
+                    [{k: v if k == "params" else copy.deepcopy(v) for k, v in group.items()}
+                     for group in value.param_groups],
+                    list(value.param_groups),
+                )
+            else:
+                self.plain[name] = value
+        self.precision = copy.deepcopy(strategy.precision.state_dict())
+
+    def roll_back(self, state: dict[str, Any]) -> None:
+        """Put everything back as it was when the snapshot was taken."""
+        with torch.no_grad():
+            for name, tensors in self.modules.items():
+                live = unwrap(state[name]).state_dict()
+                for key, saved in tensors.items():
+                    target = live.get(key)
+                    if isinstance(target, torch.Tensor):
+                        _local(target).copy_(saved)
+        for name, (per_param, settings, groups) in self.optimizers.items():
+            optimizer: Optimizer = state[name]
+            for group, saved_group in zip(groups, settings, strict=True):
+                group.clear()
+                group.update(saved_group)
+            optimizer.param_groups = groups
+            optimizer.state = defaultdict(dict, per_param)
+        if self.precision:
+            self.strategy.precision.load_state_dict(copy.deepcopy(self.precision))
+        state.update(self.plain)
+
+
+@contextmanager
+def restoring(strategy: Strategy, path: str | Path, state: dict[str, Any]) -> Iterator[None]:
+    """Run a restore into ``state``; if it fails half-way, roll everything it may have
+    changed back and raise :class:`CheckpointLoadError` (a KeyboardInterrupt is rolled
+    back and re-raised as itself)."""
+    snapshot = Snapshot(strategy, state)
+    try:
+        yield
+    except BaseException as error:
+        try:
+            snapshot.roll_back(state)
+        except Exception as again:  # nothing more can be done: say so
+            raise CheckpointLoadError(
+                str(path), f"restoring {str(path)!r} failed half-way ({type(error).__name__}: "
+                f"{error}), and putting the previous state back failed too "
+                f"({type(again).__name__}: {again}): the modules and optimizers given may "
+                "hold a mix of both"
+            ) from error
+        if not isinstance(error, Exception) or isinstance(error, CheckpointLoadError):
+            raise
+        raise CheckpointLoadError(
+            str(path), f"restoring {str(path)!r} failed half-way ({type(error).__name__}: "
+            f"{error}); everything it had changed was put back as it was before the load"
+        ) from error
 
 
 # ------------------------------------------------------------------ distributed checkpoints
@@ -278,8 +502,9 @@ def save_distributed(strategy: Strategy, path: str | Path, state: Mapping[str, A
     """Write a distributed checkpoint directory at ``path`` (a collective).
 
     Every rank writes its own shards into a staging directory; rank 0 adds the plain
-    values and then swaps the staging directory in. An interrupted save leaves the
-    previous checkpoint at ``path`` untouched.
+    values, then the manifest (every file's size and SHA-256), and then swaps the
+    staging directory in. An interrupted save leaves the previous checkpoint at
+    ``path`` untouched.
     """
     path = Path(path)
     owners = optimizer_owners(state)
@@ -304,6 +529,7 @@ def save_distributed(strategy: Strategy, path: str | Path, state: Mapping[str, A
     strategy.barrier()
     if strategy.is_global_zero:
         strategy.checkpoint_io.save_checkpoint(plain, staging / PLAIN_FILE)
+        digest.write_manifest(staging)  # last: it lists every file written before it
         _swap_in(staging, path)
     strategy.barrier()
 
@@ -338,10 +564,30 @@ def _fsync_directory(directory: Path) -> None:
 
 
 def load_distributed(strategy: Strategy, path: str | Path, state: dict[str, Any],
-                     *, weights_only: bool = True) -> dict[str, Any]:
+                     *, weights_only: bool = True, verify: bool = True) -> dict[str, Any]:
     """Load a distributed checkpoint into ``state``, at any world size (a collective
-    when a process group exists). Returns the plain entries ``state`` did not name."""
+    when a process group exists). Returns the plain entries ``state`` did not name.
+
+    Unless ``verify=False``, rank 0 first checks every file against the directory's
+    manifest and every rank raises the same :class:`CheckpointLoadError` when one is
+    missing, added, shorter or changed (a directory without a manifest, written by an
+    older interlock, loads unverified). The saved shapes and dtypes (from the
+    checkpoint's metadata) are checked against the modules and optimizers before
+    anything is read into them.
+    """
     path = Path(path)
+    if verify:
+        problem: str | None = None
+        if strategy.is_global_zero:
+            try:
+                problem = digest.check_manifest(path)
+            except Exception as error:  # any failure is the verdict, for every rank
+                problem = f"its files cannot be checked ({type(error).__name__}: {error})"
+        problem = strategy.broadcast(problem)
+        if problem is not None:
+            raise CheckpointLoadError(
+                str(path), f"{str(path)!r} is not the checkpoint that was written: {problem}"
+            )
     try:
         metadata = dcp.FileSystemReader(path).read_metadata()
     except Exception as error:  # the reader raises whatever the file system gives it
@@ -349,40 +595,89 @@ def load_distributed(strategy: Strategy, path: str | Path, state: dict[str, Any]
             str(path), f"{str(path)!r} is not a readable distributed checkpoint "
             f"directory ({type(error).__name__}: {error})"
         ) from error
-    plain: dict[str, Any] = strategy.checkpoint_io.load_checkpoint(
-        path / PLAIN_FILE, map_location="cpu", weights_only=weights_only
-    )
+    plain: dict[str, Any] = load_with(strategy.checkpoint_io, path / PLAIN_FILE,
+                                      map_location="cpu", weights_only=weights_only,
+                                      verify=verify)
     saved = {key.split(".", 1)[0] for key in metadata.state_dict_metadata} | set(plain)
     problem = missing_entries(path, saved, state)
     if problem is not None:
         raise CheckpointLoadError(str(path), problem)
     owners = optimizer_owners(state)
-    targets: dict[str, Any] = {}
-    for name, value in state.items():
-        if isinstance(value, nn.Module):
-            targets[name] = get_model_state_dict(unwrap(value))
-        elif isinstance(value, Optimizer):
-            targets[name] = get_optimizer_state_dict(owners[name], value)
-    saved_keys = set(metadata.state_dict_metadata)
+    # taken before the targets are made: torch fills a fresh optimizer's state then
+    with restoring(strategy, path, state):
+        targets: dict[str, Any] = {}
+        for name, value in state.items():
+            if isinstance(value, nn.Module):
+                targets[name] = get_model_state_dict(unwrap(value))
+            elif isinstance(value, Optimizer):
+                targets[name] = get_optimizer_state_dict(owners[name], value)
+        saved_keys = set(metadata.state_dict_metadata)
+        for name, target in targets.items():
+            if isinstance(state[name], Optimizer):
+                # a parameter that never had a gradient has no saved optimizer state:
+                # what the optimizer holds for it (nothing, or torch's zeros) stays;
+                # everything else, state keys and group settings alike, must be in the
+                # checkpoint
+                kept = {fqn: values for fqn, values in target.get("state", {}).items()
+                        if any(k.startswith(f"{name}.state.{fqn}.") for k in saved_keys)}
+                target["state"] = kept
+        # the module targets are the live tensors: dcp.load writes into them
+        problem = describe_misfits(path, _distributed_misfits(metadata, targets, state))
+        if problem is not None:
+            raise CheckpointLoadError(str(path), problem)
+        try:
+            dcp.load(targets, checkpoint_id=path)
+        except (Exception, CheckpointException) as error:  # dcp's is a BaseException
+            raise CheckpointLoadError(
+                str(path), f"it does not match the modules and optimizers given (saved "
+                f"from a different model or optimizer?): {type(error).__name__}: {error}"
+            ) from error
+        for name, value in state.items():
+            if isinstance(value, nn.Module):
+                set_model_state_dict(unwrap(value), targets[name])
+            elif isinstance(value, Optimizer):
+                set_optimizer_state_dict(owners[name], value, targets[name],
+                                         options=_OPTIMIZER_SHARDED)
+        return _restore_plain(strategy, state, plain)
+
+
+def _distributed_misfits(metadata: Metadata, targets: Mapping[str, Any],
+                         state: Mapping[str, Any]) -> list[str]:
+    """Why a distributed checkpoint's tensors (as its metadata describes them) do not
+    fit ``targets``, the modules' and optimizers' state dicts they would be read into."""
+    saved = metadata.state_dict_metadata
+    problems: list[str] = []
+
+    def compare(where: str, key: str, flat: str, tensor: torch.Tensor, *,
+                whose: str, dtype: bool) -> None:
+        entry = saved.get(flat)
+        if entry is None:
+            problems.append(f"{where}: {key}: not in the checkpoint")
+        elif not isinstance(entry, TensorStorageMetadata):
+            problems.append(f"{where}: {key}: the checkpoint holds a value, not a tensor")
+        elif tuple(entry.size) != tuple(tensor.shape):
+            problems.append(f"{where}: {key}: saved shape {_shape(entry.size)}, {whose} "
+                            f"{_shape(tensor.shape)}")
+        elif dtype and entry.properties.dtype != tensor.dtype:
+            problems.append(f"{where}: {key}: saved as {_dtype(entry.properties.dtype)}, "
+                            f"{whose} {_dtype(tensor.dtype)}")
+
     for name, target in targets.items():
-        if isinstance(state[name], Optimizer):
-            # a parameter that never had a gradient has no saved optimizer state: what
-            # the optimizer holds for it (nothing, or torch's zeros) stays; everything
-            # else, state keys and group settings alike, must be in the checkpoint
-            kept = {fqn: values for fqn, values in target.get("state", {}).items()
-                    if any(k.startswith(f"{name}.state.{fqn}.") for k in saved_keys)}
-            target["state"] = kept
-    try:
-        dcp.load(targets, checkpoint_id=path)
-    except (Exception, CheckpointException) as error:  # dcp's is a BaseException
-        raise CheckpointLoadError(
-            str(path), f"it does not match the modules and optimizers given (saved from "
-            f"a different model or optimizer?): {type(error).__name__}: {error}"
-        ) from error
-    for name, value in state.items():
-        if isinstance(value, nn.Module):
-            set_model_state_dict(unwrap(value), targets[name])
-        elif isinstance(value, Optimizer):
-            set_optimizer_state_dict(owners[name], value, targets[name],
-                                     options=_OPTIMIZER_SHARDED)
-    return _restore_plain(strategy, state, plain)
+        if isinstance(state[name], nn.Module):
+            where = f"module {name!r}"
+            for key, tensor in target.items():
+                if isinstance(tensor, torch.Tensor):
+                    compare(where, key, f"{name}.{key}", tensor, whose="this model has",
+                            dtype=True)
+            problems += [f"{where}: {flat.removeprefix(name + '.')}: in the checkpoint, "
+                         "not in this model" for flat in saved
+                         if flat.startswith(f"{name}.") and
+                         flat.removeprefix(f"{name}.") not in target]
+        else:
+            where = f"optimizer {name!r}"
+            for fqn, values in target.get("state", {}).items():
+                for key, tensor in values.items():
+                    if isinstance(tensor, torch.Tensor) and tensor.dim() > 0:
+                        compare(where, f"{fqn} {key}", f"{name}.state.{fqn}.{key}", tensor,
+                                whose="this optimizer has", dtype=False)
+    return problems

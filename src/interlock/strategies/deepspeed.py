@@ -346,7 +346,10 @@ class DeepSpeedStrategy(ParallelStrategy):
         self.engine.save_checkpoint(str(path), client_state=client)
 
     def load_checkpoint(self, path: str | Path, state: dict[str, Any],
-                        *, weights_only: bool = True) -> dict[str, Any]:
+                        *, weights_only: bool = True, verify: bool = True) -> dict[str, Any]:
+        """Load a DeepSpeed checkpoint directory through the engine. ``verify`` is
+        accepted for the common signature: DeepSpeed writes its files without an
+        interlock digest, so there is nothing to check them against."""
         plain = self._plain_values(state)
         # every entry asked for must be there before the engine restores anything
         saved = _saved_client_keys(Path(path))

@@ -192,9 +192,9 @@ class FSDPStrategy(ParallelStrategy):
         checkpointing.save(self, path, state, distributed=self.state_dict_type == "sharded")
 
     def load_checkpoint(self, path: str | Path, state: dict[str, Any],
-                        *, weights_only: bool = True) -> dict[str, Any]:
+                        *, weights_only: bool = True, verify: bool = True) -> dict[str, Any]:
         """Load a full file or a distributed checkpoint directory saved at any world size."""
-        return checkpointing.load(self, path, state, weights_only=weights_only)
+        return checkpointing.load(self, path, state, weights_only=weights_only, verify=verify)
 
 
 def _as_predicate(policy: WrapPolicy | None) -> Callable[[nn.Module], bool]:

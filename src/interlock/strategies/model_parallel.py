@@ -185,6 +185,6 @@ class ModelParallelStrategy(ParallelStrategy):
         checkpointing.save(self, path, state, distributed=self.save_distributed_checkpoint)
 
     def load_checkpoint(self, path: str | Path, state: dict[str, Any],
-                        *, weights_only: bool = True) -> dict[str, Any]:
+                        *, weights_only: bool = True, verify: bool = True) -> dict[str, Any]:
         """Load a distributed checkpoint directory (any mesh) or a full file."""
-        return checkpointing.load(self, path, state, weights_only=weights_only)
+        return checkpointing.load(self, path, state, weights_only=weights_only, verify=verify)

@@ -24,6 +24,7 @@ from interlock.strategies.checkpointing import PRECISION_KEY, missing_entries
 from interlock.strategies.collectives import Collective, SingleDeviceCollective, TorchCollective
 from interlock.strategies.environments import ClusterEnvironment
 from interlock.strategies.io import CheckpointIO, CheckpointLoadError
+from interlock.strategies.io.base import load_with
 from interlock.strategies.launchers.xla import torch_xla_environment
 from interlock.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 from interlock.strategies.precision import Precision
@@ -275,11 +276,12 @@ class XLAFSDPStrategy(ParallelStrategy):
         self.barrier()
 
     def load_checkpoint(self, path: str | Path, state: dict[str, Any],
-                        *, weights_only: bool = True) -> dict[str, Any]:
-        """Load this rank's shard file (saved at the same world size)."""
-        checkpoint = self.checkpoint_io.load_checkpoint(
-            Path(path) / f"rank-{self.global_rank}.pt", map_location="cpu",
-            weights_only=weights_only,
+                        *, weights_only: bool = True, verify: bool = True) -> dict[str, Any]:
+        """Load this rank's shard file (saved at the same world size), checked against
+        its digest unless ``verify=False``."""
+        checkpoint = load_with(
+            self.checkpoint_io, Path(path) / f"rank-{self.global_rank}.pt",
+            map_location="cpu", weights_only=weights_only, verify=verify,
         )
         problem = missing_entries(path, checkpoint, state)
         if problem is not None:
