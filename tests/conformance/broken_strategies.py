@@ -128,13 +128,13 @@ class LoadsHalfway(DDPStrategy):
     for is in the checkpoint, so a refused load leaves them half-loaded."""
 
     def load_checkpoint(self, path: str | Path, state: dict[str, Any],
-                        *, weights_only: bool = True) -> dict[str, Any]:
+                        *, weights_only: bool = True, verify: bool = True) -> dict[str, Any]:
         saved = self.checkpoint_io.load_checkpoint(path, map_location="cpu",
                                                    weights_only=weights_only)
         for name, target in state.items():
             if isinstance(target, nn.Module) and name in saved:
                 unwrap(target).load_state_dict(saved[name])
-        return super().load_checkpoint(path, state, weights_only=weights_only)
+        return super().load_checkpoint(path, state, weights_only=weights_only, verify=verify)
 
 
 class DropsResult(DDPStrategy):
@@ -144,6 +144,19 @@ class DropsResult(DDPStrategy):
     def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         super().launch(fn, *args, **kwargs)
         return cast(T, None)
+
+
+class LosesOptimizerStateOnLoad(DDPStrategy):
+    """load_checkpoint restores the modules but silently leaves every optimizer
+    without its per-parameter state (a resumed AdamW starts its moments from zero)."""
+
+    def load_checkpoint(self, path: str | Path, state: dict[str, Any],
+                        **options: Any) -> dict[str, Any]:
+        rest = super().load_checkpoint(path, state, **options)
+        for value in state.values():
+            if isinstance(value, Optimizer):
+                value.state.clear()
+        return rest
 
 
 class _Emptied(dict[str, Any]):
@@ -163,7 +176,12 @@ BROKEN = {
     "broken_loads_halfway": (LoadsHalfway, "fork"),
     "broken_drops_result": (DropsResult, "fork"),
     "correct_ddp_subclass": (DDPStrategy, "fork"),
+    "broken_loses_optimizer_state_on_load": (LosesOptimizerStateOnLoad, "fork"),
 }
+
+#: the only ones declaring "elastic": the fault checks relaunch a strategy five times,
+#: so they run where a test asks about them (tests/conformance/test_fault_checks.py)
+ELASTIC = frozenset({"broken_loses_optimizer_state_on_load"})
 
 
 def _register() -> None:
@@ -176,7 +194,9 @@ def _register() -> None:
             description=f"deliberately broken: {cls.__doc__}", family="ddp",
             accelerators=frozenset({"cpu"}), precisions=frozenset({"32-true", "bf16-mixed"}),
             launcher="subprocess" if start_method == "popen" else start_method,
-            options={"start_method": start_method}, capabilities=template.capabilities,
+            options={"start_method": start_method},
+            capabilities=template.capabilities if name in ELASTIC
+            else template.capabilities - {"elastic"},
         ))
 
 

@@ -26,6 +26,11 @@ from interlock.connector.stages.flags import plugin_kind, read_flags
 from interlock.connector.stages.plugins import PluginsInput, choose_plugins
 from interlock.connector.stages.precision import PrecisionInput, choose_precision
 from interlock.connector.stages.strategy import StrategyInput, choose_strategy
+from interlock.connector.tables import (
+    RESTART_BACKOFF_FACTOR,
+    RESTART_BACKOFF_S,
+    RESTART_MAX_BACKOFF_S,
+)
 from interlock.connector.trace import TraceStep
 
 __all__ = ["STAGES", "Plan", "plan"]
@@ -128,6 +133,24 @@ class Plan:
             f"(world size {self.world_size}), precision {self.precision}"
         )
 
+    def on_failure(self) -> str:
+        """What happens when a rank fails under this plan's launcher, and whether
+        ``Strategy.launch(fn, max_restarts=N)`` can restart the job (the restart
+        budget and its back-off are the caller's: see
+        :class:`interlock.strategies.restarts.RestartPolicy`)."""
+        backoff = (f"a back-off of {RESTART_BACKOFF_S:g} s, x{RESTART_BACKOFF_FACTOR:g} each "
+                   f"time, at most {RESTART_MAX_BACKOFF_S:g} s, unless launch() is told "
+                   "otherwise")
+        if self.launcher is None:
+            return ("the exception reaches the caller; launch(max_restarts=N) runs the "
+                    f"function again in this process, up to N more times, after {backoff}")
+        row = current_parts().launchers.get(self.launcher)
+        if row is None:
+            return "decided by the launcher"
+        if row.restarts:
+            return f"{row.on_failure}; the budget is N restarts, each after {backoff}"
+        return row.on_failure
+
     def explain(self) -> str:
         """Multi-line text: the outcome, the notes, and every rule that decided it."""
         lines = [
@@ -136,6 +159,7 @@ class Plan:
             f"  launcher:             {self.launcher or 'none (runs in this process)'}",
             f"  cluster environment:  {self.cluster_environment}",
             f"  checkpoint IO:        {self.checkpoint_io}",
+            f"  on failure:           {self.on_failure()}",
         ]
         if self.plugins:
             lines.append(

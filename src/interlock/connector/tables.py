@@ -309,6 +309,10 @@ class LauncherRow:
             (spawn-style launchers do; the script launcher runs in place).
         description: one line for the docs.
         factory: ``"package.module:Class"`` of its Launcher class.
+        restarts: whether ``Strategy.launch(..., max_restarts=N)`` can restart the
+            job's processes through it (every rank stopped, the group rebuilt, the
+            function run again); a launcher that did not start the processes cannot.
+        on_failure: what happens when a rank fails, for the plan's explanation.
     """
 
     name: str
@@ -317,38 +321,76 @@ class LauncherRow:
     launches_single: bool
     description: str
     factory: str
+    restarts: bool = False
+    on_failure: str = "the launcher stops every rank and launch() raises, naming the rank"
 
+
+#: The default back-off between restarts of a failed job (``Strategy.launch(...,
+#: max_restarts=N)``): the first wait, the factor each later wait grows by, the longest.
+RESTART_BACKOFF_S = 1.0
+RESTART_BACKOFF_FACTOR = 2.0
+RESTART_MAX_BACKOFF_S = 60.0
+
+#: what a failing rank does under a launcher whose process only watches the ranks
+_WATCHED_RANKS_FAIL = (
+    "every rank is stopped and launch() raises naming the first failure; with "
+    "launch(max_restarts=N) every rank is restarted instead (this process only watches, "
+    "so any rank may die)"
+)
 
 LAUNCHERS: tuple[LauncherRow, ...] = (
     LauncherRow(
         name="subprocess", start_method=None, interactive=False, launches_single=False,
         factory="interlock.strategies.launchers.subprocess_script:SubprocessScriptLauncher",
         description="re-runs the user's script once per extra local rank",
+        restarts=True,
+        on_failure=(
+            "every rank is stopped and launch() raises naming the first failure; with "
+            "launch(max_restarts=N) the ranks are restarted instead (rank 0 is this "
+            "process: its own death ends the job)"
+        ),
     ),
     LauncherRow(
         name="spawn", start_method="spawn", interactive=False, launches_single=True,
         factory="interlock.strategies.launchers.multiprocessing:MultiProcessingLauncher",
         description="torch.multiprocessing with the spawn start method",
+        restarts=True,
+        on_failure=_WATCHED_RANKS_FAIL,
     ),
     LauncherRow(
         name="fork", start_method="fork", interactive=True, launches_single=True,
         factory="interlock.strategies.launchers.multiprocessing:MultiProcessingLauncher",
         description="torch.multiprocessing with the fork start method",
+        restarts=True,
+        on_failure=_WATCHED_RANKS_FAIL,
     ),
     LauncherRow(
         name="forkserver", start_method="forkserver", interactive=False, launches_single=True,
         factory="interlock.strategies.launchers.multiprocessing:MultiProcessingLauncher",
         description="torch.multiprocessing with the forkserver start method",
+        restarts=True,
+        on_failure=_WATCHED_RANKS_FAIL,
     ),
     LauncherRow(
         name="xla", start_method="fork", interactive=True, launches_single=False,
         factory="interlock.strategies.launchers.xla:XLALauncher",
         description="torch_xla's multiprocessing launcher",
+        restarts=False,
+        on_failure=(
+            "torch_xla stops every rank and launch() raises; restarts are not offered "
+            "through torch_xla's launcher"
+        ),
     ),
     LauncherRow(
         name="external", start_method=None, interactive=True, launches_single=False,
         factory="interlock.strategies.launchers.external:ExternalLauncher",
         description="processes were created by torchrun, srun, mpirun, jsrun or Kubeflow",
+        restarts=False,
+        on_failure=(
+            "the launcher that started the processes decides: torchrun --max-restarts "
+            "restarts them all, SLURM requeues a job whose ranks stop on a PreemptionGuard; "
+            "launch(max_restarts=N) does not restart here"
+        ),
     ),
 )
 

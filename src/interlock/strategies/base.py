@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -18,18 +20,26 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from interlock.connector.parts_registry import launcher_rows
 from interlock.strategies import checkpointing
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.collectives import Collective, ReduceOp
 from interlock.strategies.environments import ClusterEnvironment, LocalEnvironment
 from interlock.strategies.init_context import empty_init_context, parameters_on_meta
 from interlock.strategies.io import CheckpointIO, CheckpointLoadError, checkpoint_io_for
+from interlock.strategies.io.base import load_with
 from interlock.strategies.launchers import Launcher, launcher_for
 from interlock.strategies.launchers import history as launch_history
 from interlock.strategies.launchers.base import report_failure
 from interlock.strategies.module_wrapper import StrategyModule, move_to_device, unwrap
 from interlock.strategies.parts import PART_OBJECTS, Parts
 from interlock.strategies.precision import Precision
+from interlock.strategies.restarts import (
+    ATTEMPT_ENV,
+    RestartPolicy,
+    restart_attempt,
+    run_with_restarts,
+)
 from interlock.strategies.sharding import has_meta_tensors, make_storage_private, total_norm
 
 if TYPE_CHECKING:
@@ -294,9 +304,31 @@ class Strategy(ABC):
 
     # ----------------------------------------------------------------- lifecycle
 
-    def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    def launch(self, fn: Callable[..., T], *args: Any, max_restarts: int = 0,
+               restart_policy: RestartPolicy | None = None, **kwargs: Any) -> T:
         """Start the processes, set each up, run ``fn(strategy, *args, **kwargs)`` in
-        every one, tear each down, and return rank 0's result."""
+        every one, tear each down, and return rank 0's result.
+
+        Args:
+            max_restarts: when a rank fails, stop every rank and start them all again,
+                up to this many times (``fn`` runs again from the top in every rank, so
+                a function that resumes from its last checkpoint continues where it
+                stopped); see :mod:`interlock.strategies.restarts` for what is
+                restarted and what is not. 0, the default, raises at the first failure.
+            restart_policy: the budget and the back-off between restarts, instead of
+                ``max_restarts`` (waits of 1 s, doubling, at most 60 s by default).
+
+        Raises:
+            RankFailedError: a rank failed and no restart was asked for.
+            RestartsExhaustedError: every attempt failed; it lists each one's cause.
+        """
+        if restart_policy is None:
+            restart_policy = RestartPolicy(max_restarts=max_restarts)
+        elif max_restarts:
+            raise ValueError("give max_restarts or restart_policy, not both")
+        elif not isinstance(restart_policy, RestartPolicy):
+            raise TypeError(f"restart_policy must be a RestartPolicy, got "
+                            f"{type(restart_policy).__name__}")
         index = launch_history.begin()
         if launch_history.is_script_child() and index < launch_history.target():
             # a rank re-run by the script launcher for a later launch: this one was
@@ -304,16 +336,41 @@ class Strategy(ABC):
             replayed: T = launch_history.replay(index)
             return replayed
         try:
-            launcher = self.launcher
-            if launcher is None:
-                result: T = _run_worker(self, fn, args, kwargs)
-            else:
-                result = launcher.launch(_run_worker, self, fn, args, kwargs)
+            result = self._launch_with_restarts(fn, args, kwargs, restart_policy)
         except BaseException as exc:
             launch_history.finish(index, ("raised", exc))
             raise
         launch_history.finish(index, ("returned", result))
         return result
+
+    def _launch_with_restarts(self, fn: Callable[..., T], args: tuple[Any, ...],
+                              kwargs: dict[str, Any], policy: RestartPolicy) -> T:
+        launcher = self.launcher
+        if launch_history.is_script_child():
+            # a rank the script launcher started: rank 0 runs the attempts and starts
+            # this process again for each; it runs the one it was started for
+            if launcher is None:
+                return _run_attempt(restart_attempt(), self, fn, args, kwargs)
+            child: T = launcher.launch(_run_attempt, restart_attempt(), self, fn, args,
+                                       kwargs)
+            return child
+        if launcher is None:
+            return run_with_restarts(
+                lambda attempt: _run_attempt(attempt, self, fn, args, kwargs),
+                policy, in_process=True)
+        row = launcher_rows().get(launcher.name)
+        if policy.max_restarts and not (row is not None and row.restarts):
+            warnings.warn(
+                f"launch(max_restarts={policy.max_restarts}) cannot restart ranks through "
+                f"the {launcher.name!r} launcher: "
+                f"{row.on_failure if row is not None else 'it is not a registered launcher'}",
+                RuntimeWarning, stacklevel=3)
+            policy = RestartPolicy()
+        def attempt_once(attempt: int) -> T:
+            result: T = launcher.launch(_run_attempt, attempt, self, fn, args, kwargs)
+            return result
+
+        return run_with_restarts(attempt_once, policy, in_process=False)
 
     @abstractmethod
     def setup_environment(self) -> None:
@@ -579,34 +636,30 @@ class Strategy(ABC):
         self.barrier()
 
     def load_checkpoint(self, path: str | Path, state: dict[str, Any],
-                        *, weights_only: bool = True) -> dict[str, Any]:
+                        *, weights_only: bool = True, verify: bool = True) -> dict[str, Any]:
         """Restore modules and optimizers of ``state`` in place, set its plain values,
         and return the checkpoint entries ``state`` did not name.
 
         ``path`` is a checkpoint file, or a distributed checkpoint directory (as sharded
         strategies write), which is resharded into this strategy's modules.
+
+        The load is all or nothing: a file that does not match the digest written with
+        it (unless ``verify=False``), lacks an entry, or does not fit the modules and
+        optimizers given (keys, shapes, dtypes) is refused with
+        :class:`CheckpointLoadError` before anything changes, and a restore that fails
+        half-way is rolled back before the error is raised.
         """
         if checkpointing.is_distributed_checkpoint(path):
-            return checkpointing.load_distributed(self, path, state, weights_only=weights_only)
-        checkpoint = self.checkpoint_io.load_checkpoint(
-            path, map_location="cpu", weights_only=weights_only
-        )
+            return checkpointing.load_distributed(self, path, state, weights_only=weights_only,
+                                                  verify=verify)
+        checkpoint = load_with(self.checkpoint_io, path, map_location="cpu",
+                               weights_only=weights_only, verify=verify)
         problem = checkpointing.missing_entries(path, checkpoint, state)
         if problem is not None:
             # refuse before restoring anything: no half-loaded state
             raise CheckpointLoadError(str(path), problem)
-        precision_state = checkpoint.pop(PRECISION_KEY, None)
-        if precision_state is not None:
-            self.precision.load_state_dict(precision_state)
-        for name, target in state.items():
-            value = checkpoint.pop(name)
-            if isinstance(target, nn.Module):
-                unwrap(target).load_state_dict(value)
-            elif isinstance(target, Optimizer):
-                target.load_state_dict(value)
-            else:
-                state[name] = value
-        return checkpoint
+        checkpointing.refuse_misfits(path, state, checkpoint)
+        return _restore_full(self, path, state, checkpoint)
 
 
 def _rebind(optimizer: Optimizer, names: dict[int, str],
@@ -667,6 +720,14 @@ def _state_of(value: Any) -> Any:
     return value
 
 
+def _run_attempt(attempt: int, strategy: Strategy, fn: Callable[..., T],
+                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
+    """:func:`_run_worker` in attempt ``attempt`` of a launch (a worker started by the
+    forkserver does not inherit the launching process's environment, so it is set here)."""
+    os.environ[ATTEMPT_ENV] = str(attempt)
+    return _run_worker(strategy, fn, args, kwargs)
+
+
 def _run_worker(strategy: Strategy, fn: Callable[..., T], args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> T:
     """What every process runs: set up, call the user's function, tear down."""
@@ -687,3 +748,24 @@ def _run_worker(strategy: Strategy, fn: Callable[..., T], args: tuple[Any, ...],
         raise
     finally:
         strategy.teardown()
+
+
+def _restore_full(strategy: Strategy, path: str | Path, state: dict[str, Any],
+                  checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """Restore a full checkpoint that was checked to fit ``state``: modules, then
+    optimizers, the precision's state and plain values; rolled back if it fails."""
+    with checkpointing.restoring(strategy, path, state):
+        for name, target in state.items():
+            if isinstance(target, nn.Module):
+                unwrap(target).load_state_dict(checkpoint[name])
+        for name, target in state.items():
+            if isinstance(target, Optimizer):
+                target.load_state_dict(checkpoint[name])
+        precision_state = checkpoint.get(PRECISION_KEY)
+        if precision_state is not None:
+            strategy.precision.load_state_dict(precision_state)
+        for name, target in list(state.items()):
+            if not isinstance(target, (nn.Module, Optimizer)):
+                state[name] = checkpoint[name]
+    rest = {k: v for k, v in checkpoint.items() if k not in state and k != PRECISION_KEY}
+    return rest

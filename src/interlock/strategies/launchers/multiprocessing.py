@@ -23,6 +23,7 @@ from interlock.strategies.launchers.base import (
     LaunchError,
     RankFailedError,
     WorkerEntry,
+    _raise_terminate,
     _Terminate,
     die_with_parent,
     exit_code_for_terminate,
@@ -180,8 +181,24 @@ def _join(context: Any, first_rank: int, errors: str, grace: float = 2.0) -> Non
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
         # torch reports the first process it noticed, not the first that failed: give
         # the others a moment to record theirs, then name the earliest.
+        noticed = time.time()
         _settle(context, grace)
         failures = read_failures(errors)
+        killed = first_rank + int(exc.error_index)
+        if (isinstance(exc, mp.ProcessExitedException) and killed not in failures
+                and exc.exit_code != PREEMPTED_EXIT_CODE
+                and (exc.exit_code < 0
+                     or not any(at < noticed - 1.0 for at, _ in failures.values()))):
+            # a rank that died without a word: killed by a signal (SIGKILL, the OOM
+            # killer; torch noticed this exit first, so it was no stop of ours), or an
+            # os._exit before any other rank failed. The others' errors are its
+            # consequences (their peer vanished, or torch stopped them), so it is the cause
+            detail = str(exc)
+            if failures:
+                others = sorted(failures)
+                detail += (f"\n(rank{'s' if len(others) > 1 else ''} "
+                           f"{', '.join(map(str, others))} failed after it)")
+            raise RankFailedError(killed, detail) from None
         if failures:
             raise root_cause(failures) from None
         if getattr(exc, "exit_code", None) == PREEMPTED_EXIT_CODE:
@@ -276,6 +293,10 @@ def _worker(local_rank: int,
             node_rank: int, num_processes: int,
             world_size: int, rendezvous: str, rank0_serves: bool, start_method: str,
             errors: str, parent_pid: int | None, held: frozenset[int]) -> None:
+    if signal.getsignal(signal.SIGTERM) is _raise_terminate:
+        # inherited from the launching process by fork: here SIGTERM is the launcher
+        # (or torch) stopping this worker, not a failure of its own to report
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if held:  # see _signals_held: from here on a signal raises inside multiprocessing's try
         signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
     die_with_parent()
