@@ -1,5 +1,6 @@
 """interlock: training flags in, a validated distributed setup (or one clear error) out."""
 
+from interlock.checkpoints import Checkpoint, CheckpointManager
 from interlock.connector import (
     ERROR_CODES,
     AcceleratorRow,
@@ -43,7 +44,9 @@ __version__ = "0.1.0"
 __all__ = [
     "ERROR_CODES",
     "AcceleratorRow",
+    "Checkpoint",
     "CheckpointIORow",
+    "CheckpointManager",
     "ClusterRow",
     "LauncherRow",
     "Machine",

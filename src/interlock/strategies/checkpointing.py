@@ -25,7 +25,6 @@ fails half-way is rolled back before the error is raised.
 from __future__ import annotations
 
 import copy
-import os
 import shutil
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
@@ -50,6 +49,7 @@ from torch.optim import Optimizer
 
 from interlock.strategies.io import CheckpointLoadError, digest
 from interlock.strategies.io.base import load_with
+from interlock.strategies.io.torch_io import fsync_directory
 from interlock.strategies.module_wrapper import unwrap
 
 if TYPE_CHECKING:
@@ -543,7 +543,7 @@ def _swap_in(staging: Path, path: Path) -> None:
     if path.exists():
         path.rename(old)
     staging.rename(path)
-    _fsync_directory(path.parent)
+    fsync_directory(path.parent)
     if old.exists():
         _remove(old)
 
@@ -554,13 +554,6 @@ def _remove(path: Path) -> None:
     else:
         path.unlink()
 
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def load_distributed(strategy: Strategy, path: str | Path, state: dict[str, Any],

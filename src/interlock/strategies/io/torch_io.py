@@ -30,7 +30,7 @@ def _file_mode() -> int:
     return 0o666 & ~mask
 
 
-def _fsync_directory(directory: Path) -> None:
+def fsync_directory(directory: Path) -> None:
     """Make the rename durable; a no-op where directories cannot be opened (Windows)."""
     if os.name != "posix":
         return
@@ -119,7 +119,7 @@ class TorchCheckpointIO(CheckpointIO):
                 raise OSError(failed.errno, f"{failed.strerror} (while writing {target})",
                               str(target)) from exc
             raise
-        _fsync_directory(directory)
+        fsync_directory(directory)
 
     def load_checkpoint(
         self,
