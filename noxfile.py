@@ -1,4 +1,4 @@
-"""Development sessions: tests, typecheck, lint, docs, apidocs, bench, cluster.
+"""Development sessions: tests, typecheck, lint, docs, apidocs, bench, cluster, soak.
 
 The torch requirement comes from INTERLOCK_TORCH (default ``torch==2.13.0``, a CPU
 build on machines that carry it locally); set it to test against another release.
@@ -82,12 +82,14 @@ def matrix(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Side-by-side measurements: plan() latency and import cost vs Lightning's
-    connector; DDP step time, launch latency and resolve() vs raw torch and Fabric.
+    connector; DDP step time, launch latency and resolve() vs raw torch and Fabric;
+    blocking against asynchronous checkpoint saves.
 
     Lightning lives only in this session's environment, never in interlock's
-    dependencies. ``nox -s bench -- plan ARGS`` (or ``runtime``, ``fsdp``) runs one
-    script with its own arguments; without arguments those three run with their
-    defaults. ``-- cold-plan --before REV`` compares cold plan() with a revision.
+    dependencies. ``nox -s bench -- plan ARGS`` (or ``runtime``, ``fsdp``,
+    ``checkpoint``) runs one script with its own arguments; without arguments those
+    four run with their defaults. ``-- cold-plan --before REV`` compares cold plan()
+    with a revision.
     """
     session.install(TORCH)
     session.install("-r", "benchmarks/requirements.txt", TORCH)
@@ -99,11 +101,13 @@ def bench(session: nox.Session) -> None:
         session.run("python", "benchmarks/bench_runtime.py", *rest)
     if which in ("", "fsdp"):
         session.run("python", "benchmarks/bench_fsdp.py", *rest)
+    if which in ("", "checkpoint"):
+        session.run("python", "benchmarks/bench_checkpoint.py", *rest)
     if which == "cold-plan":  # needs --before REV: not part of the default run
         session.run("python", "benchmarks/bench_cold_plan.py", *rest)
-    if which not in ("", "plan", "runtime", "fsdp", "cold-plan"):
-        session.error(f"unknown benchmark {which!r}: use 'plan', 'runtime', 'fsdp' or "
-                      "'cold-plan'")
+    if which not in ("", "plan", "runtime", "fsdp", "checkpoint", "cold-plan"):
+        session.error(f"unknown benchmark {which!r}: use 'plan', 'runtime', 'fsdp', "
+                      "'checkpoint' or 'cold-plan'")
 
 
 @nox.session(python=PYTHON)
@@ -244,3 +248,20 @@ def cluster(session: nox.Session) -> None:
     if os.name == "posix" and os.geteuid() == 0 and shutil.which("apt-get"):
         session.run("bash", "tests/cluster/services.sh", "install", external=True)
     session.run("pytest", "-m", "cluster", "--typeguard-packages=interlock", *session.posargs)
+
+
+#: runs the soak makes unless told otherwise (each is one faulted training launch)
+SOAK_RUNS = 5
+
+
+@nox.session(python=PYTHON)
+def soak(session: nox.Session) -> None:
+    """Random faults (SIGKILL mid-step or mid-save, an exception in backward) injected
+    into real training on ddp_fork with ``launch(max_restarts=1)``; every run must end
+    bit for bit where an uninterrupted one does (tests/soak/soak_faults.py). Arguments
+    after -- go to the script (``--runs N``, ``--seed S``); the default is
+    SOAK_RUNS runs."""
+    _install(session, "test")
+    arguments = session.posargs or ["--runs", str(SOAK_RUNS)]
+    session.run("python", "tests/soak/soak_faults.py", "--out",
+                os.path.join(session.create_tmp(), "soak-faults.json"), *arguments)

@@ -324,6 +324,7 @@ class CheckpointManager:
         from torch.optim import Optimizer
 
         from interlock.strategies import checkpointing
+        from interlock.strategies.io import digest
         from interlock.strategies.module_wrapper import unwrap
 
         strategy = self.strategy
@@ -356,6 +357,8 @@ class CheckpointManager:
             getattr(written, "upload_completion", written).result()
             if is_zero:
                 real.save_checkpoint(plain, staging / checkpointing.PLAIN_FILE)
+                # last, as a blocking save does: it lists every file written before it
+                digest.write_manifest(staging)
                 self._commit(step, staging)
 
         self._pending = self._executor_().submit(finish)

@@ -393,7 +393,8 @@ def _fsdp_resume(strategy: Strategy, directory: str, async_save: bool) -> dict[s
                            "optimizer": workloads.full(opt.state_dict())}
             manager.save(step, {"model": net, "optimizer": opt, "step": step})
             sw._step(strategy, net, opt, 10 + step)  # while an async save is written
-    listed = [(c.step, c.path.is_dir(), (c.path / ".metadata").is_file())
+    listed = [(c.step, c.path.is_dir(), (c.path / ".metadata").is_file(),
+               (c.path / "interlock.manifest.json").is_file())
               for c in manager.checkpoints()]
 
     fresh = strategy.setup_module(sw.fresh_model())
@@ -417,8 +418,9 @@ def test_fsdp_distributed_checkpoint_directories_resume_on_both_ranks(
                                  accelerator="cpu", devices=2, machine=interlock.Machine())
     assert isinstance(strategy, FSDPStrategy)
     out = launch_forked(strategy, _fsdp_resume, str(tmp_path), async_save)
-    assert out["listed"] == [(2, True, True), (3, True, True)], (
-        "keep=2; each checkpoint a distributed directory (step, is a directory, .metadata)")
+    assert out["listed"] == [(2, True, True, True), (3, True, True, True)], (
+        "keep=2; each checkpoint a distributed directory (step, is a directory, .metadata, "
+        "the digest manifest, asynchronous saves included)")
     assert out["loaded"] == [(3, 3), (3, 3)], "both ranks load step 3"
     for name, tensor in out["expected"]["params"].items():
         assert torch.equal(out["params"][name], tensor), f"parameter {name} differs"
