@@ -179,10 +179,12 @@ def test_an_external_launcher_warns_that_it_cannot_restart(
 
 
 def test_the_plan_says_what_happens_on_failure() -> None:
-    spawned = interlock.plan(accelerator="cpu", devices=2, strategy="ddp_spawn").explain()
-    assert "on failure:" in spawned and "max_restarts=N" in spawned
+    spawn_plan = interlock.plan(accelerator="cpu", devices=2, strategy="ddp_spawn")
+    assert "on failure:" in spawn_plan.explain()
+    spawned = spawn_plan.on_failure()
+    assert "max_restarts=N" in spawned and "any rank may die" in spawned
     assert "back-off of 1 s, x2 each time, at most 60 s" in spawned
-    single = interlock.plan(accelerator="cpu", devices=1).explain()
+    single = interlock.plan(accelerator="cpu", devices=1).on_failure()
     assert "runs the function again in this process" in single
     script = interlock.plan(accelerator="cpu", devices=2, strategy="ddp").on_failure()
     assert "its own death ends the job" in script

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeAlias
@@ -159,7 +160,8 @@ class Plan:
             f"  launcher:             {self.launcher or 'none (runs in this process)'}",
             f"  cluster environment:  {self.cluster_environment}",
             f"  checkpoint IO:        {self.checkpoint_io}",
-            f"  on failure:           {self.on_failure()}",
+            *textwrap.wrap(self.on_failure(), 88, initial_indent="  on failure:           ",
+                           subsequent_indent=" " * 24),
         ]
         if self.plugins:
             lines.append(
