@@ -1,6 +1,7 @@
 """The checks that run in the launching process, after the launch that ran the rank
 checks: what ``launch`` returns, launching again, a failing rank, a rank that never
-arrives, and a checkpoint loaded at another world size.
+arrives, a checkpoint loaded at another world size, and training that survives a
+fault through ``launch(max_restarts=1)``.
 
 Each takes a :class:`LaunchContext` and raises :class:`CheckFailed` or
 :class:`CheckSkipped` as the rank checks do. Several launch the strategy again, with
@@ -22,8 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from interlock.conformance import reference
-from interlock.conformance.checks import DRIVER_ENV, IN_DRIVER_MARK, CheckFailed, full
+from interlock.conformance import faults, reference
+from interlock.conformance.checks import (
+    DRIVER_ENV,
+    IN_DRIVER_MARK,
+    CheckFailed,
+    CheckSkipped,
+    full,
+)
+from interlock.connector.parts_registry import launcher_rows
 from interlock.strategies.sharding import in_shared_memory
 
 if TYPE_CHECKING:
@@ -34,6 +42,10 @@ FAILURE_BOUND_S = 60.0
 #: the process-group timeout the collective_timeout check sets: long enough for the
 #: ranks of a re-run script to start and meet, short enough to wait for
 TIMEOUT_S = 10.0
+#: where each survives_* check injects its fault: kill, raise and hang between two
+#: checkpoints (the restart resumes from step 4), kill_during_save in the save of step
+#: 4 (the restart resumes from step 2, the checkpoint before it)
+FAULT_STEPS = {"kill": 5, "raise_in_backward": 5, "hang": 5, "kill_during_save": 3}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -203,6 +215,114 @@ def check_resharding(ctx: LaunchContext) -> None:
     except Exception as error:
         raise CheckFailed(f"saved at world size 2, loaded at 1: {type(error).__name__}: "
                           f"{str(error)[:2000]}") from None
+
+
+def check_survives_kill(ctx: LaunchContext) -> None:
+    """A rank killed by SIGKILL mid-training: one restart finishes the run exactly."""
+    _survives(ctx, "kill")
+
+
+def check_survives_raise_in_backward(ctx: LaunchContext) -> None:
+    """A rank whose backward raises: one restart finishes the run exactly."""
+    _survives(ctx, "raise_in_backward")
+
+
+def check_survives_hang(ctx: LaunchContext) -> None:
+    """A rank that never reaches a collective: the others time out, and one restart
+    finishes the run exactly."""
+    _survives(ctx, "hang")
+
+
+def check_survives_kill_during_save(ctx: LaunchContext) -> None:
+    """A rank killed while a checkpoint is written: the previous checkpoint survives,
+    and one restart from it finishes the run exactly."""
+    _survives(ctx, "kill_during_save")
+
+
+#: the uninterrupted run each launch context compares with, computed by the first
+#: survives_* check that runs and kept in memory, not in a file: under the script
+#: launcher every rank re-runs the driver, and each must make the same launches
+#: whatever the driver has written meanwhile
+_REFERENCES: dict[tuple[str, int, str], dict[str, Any] | str] = {}
+
+
+def _fault_strategy(ctx: LaunchContext, timeout_s: float) -> Any:
+    if "32-true" not in ctx.spec.precisions:
+        raise CheckSkipped("the fault checks train in 32-true, which the strategy does "
+                           "not declare")
+    strategy = ctx.resolve("32-true", ctx.world_size)
+    if hasattr(strategy, "timeout"):
+        strategy.timeout = datetime.timedelta(seconds=timeout_s)
+    return strategy
+
+
+def _fault_reference(ctx: LaunchContext) -> dict[str, Any]:
+    key = (ctx.spec.name, ctx.world_size, str(ctx.workdir))
+    if key not in _REFERENCES:
+        directory = ctx.workdir / "faults" / "reference"
+        if _is_driver():
+            faults.prepare(directory)
+        try:
+            result = _fault_strategy(ctx, FAILURE_BOUND_S).launch(faults.train, str(directory))
+            _REFERENCES[key] = faults.final_state(result)
+        except CheckSkipped:
+            raise
+        except Exception as error:
+            _REFERENCES[key] = f"{type(error).__name__}: {str(error)[:1500]}"
+    found = _REFERENCES[key]
+    if isinstance(found, str):
+        raise CheckFailed(f"the uninterrupted run, the reference, failed: {found}")
+    return found
+
+
+def _fault_rank(strategy: Any, kind: str, world_size: int) -> int:
+    """Where the fault strikes: the last rank, except that a kill during a save
+    strikes rank 0, the one that writes a full checkpoint, wherever rank 0 is a
+    process the launcher started (not this one, as under the script launcher)."""
+    if kind != "kill_during_save":
+        return world_size - 1
+    launcher = getattr(strategy, "launcher", None)
+    row = launcher_rows().get(getattr(launcher, "name", ""))
+    return 0 if row is not None and row.launches_single else world_size - 1
+
+
+def _survives(ctx: LaunchContext, kind: str) -> None:
+    """Train with ``kind`` injected at the last rank (the script launcher's rank 0 is
+    this process) and one restart allowed; the result must equal the uninterrupted
+    run's bit for bit, after exactly one restart, with no worker left alive."""
+    if kind == "hang" and "timeout" not in ctx.spec.capabilities:
+        raise CheckSkipped("a hung rank becomes an error only through the process "
+                           "group's timeout: the strategy does not declare 'timeout'")
+    want = _fault_reference(ctx)
+    strategy = _fault_strategy(ctx, TIMEOUT_S if kind == "hang" else FAILURE_BOUND_S)
+    fault = faults.Fault(kind=kind, rank=_fault_rank(strategy, kind, ctx.world_size),
+                         step=FAULT_STEPS[kind])
+    directory = ctx.workdir / "faults" / kind
+    if _is_driver():
+        faults.prepare(directory)
+    from interlock.strategies.restarts import RestartPolicy
+
+    described = f"{kind} at rank {fault.rank}, step {fault.step}"
+    try:
+        result = strategy.launch(faults.train, str(directory), fault,
+                                 restart_policy=RestartPolicy(max_restarts=1, backoff_s=0))
+        got = faults.final_state(result)
+    except Exception as error:
+        survivors = _wait_gone(directory, 10)
+        raise CheckFailed(f"with {described} and max_restarts=1, launch raised "
+                          f"{type(error).__name__}: {str(error)[:1500]}"
+                          + (f"; worker processes {survivors} are still alive"
+                             if survivors else "")) from None
+    problems = faults.restart_problems(fault, result, faults.outcome(directory))
+    wrong = faults.differences(got, want)
+    if wrong:
+        problems.append(f"{len(wrong)} entries differ from the uninterrupted run: "
+                        + "; ".join(wrong[:8]))
+    survivors = _wait_gone(directory, 10)
+    if survivors:
+        problems.append(f"worker processes {survivors} are still alive")
+    if problems:
+        raise CheckFailed(f"with {described}: " + "; ".join(problems))
 
 
 # ------------------------------------------------------------------ what their ranks run

@@ -297,6 +297,36 @@ CHECKS: tuple[Check, ...] = (
         guarantees="a checkpoint saved at world size 2 loads at world size 1 with the same "
         "parameters and optimizer state; nothing brought back by `launch` is a failure",
         why="jobs are resumed on other allocations"),
+    *(
+        Check(
+            id=f"survives_{kind}", capability="elastic", world_sizes=TWO_OR_MORE,
+            runs=InDriver(run=run),
+            guarantees=f"{what}; with `launch(max_restarts=1)` the job restarts exactly "
+            "once, resumes from its last complete checkpoint, and ends with parameters and "
+            "AdamW state equal bit for bit to an uninterrupted run (8 steps, `32-true`, a "
+            "checkpoint every 2), no worker left alive",
+            why=why)
+        for kind, run, what, why in (
+            ("kill", launch_checks.check_survives_kill,
+             "the last rank is killed by SIGKILL at step 5",
+             "nodes and processes die (OOM killer, preemption, hardware)"),
+            ("raise_in_backward", launch_checks.check_survives_raise_in_backward,
+             "the last rank raises inside `backward` at step 5, while the others "
+             "wait in the gradient's collective",
+             "a restart must not keep a half-synchronised step"),
+            ("hang", launch_checks.check_survives_hang,
+             "the last rank never reaches step 5's collectives; the others' "
+             f"{launch_checks.TIMEOUT_S:.0f} s process-group timeout (needs `timeout` "
+             "too) ends the attempt",
+             "a hang costs the whole allocation until someone notices"),
+            ("kill_during_save", launch_checks.check_survives_kill_during_save,
+             "a rank is killed by SIGKILL inside the save of step 4, after writing and "
+             "before renaming (rank 0, the writer of a full checkpoint, where the "
+             "launching process only watches; the last rank under the script "
+             "launcher), so the run resumes from step 2's checkpoint",
+             "a crash while saving must not cost the last good checkpoint"),
+        )
+    ),
 )
 CHECK_IDS: tuple[str, ...] = tuple(c.id for c in CHECKS)
 CHECKS_BY_ID: Mapping[str, Check] = MappingProxyType({c.id: c for c in CHECKS})

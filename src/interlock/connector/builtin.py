@@ -12,7 +12,8 @@ _XLA = frozenset(("32-true", "16-true", "bf16-true"))
 
 _DDP = "interlock.strategies.ddp:DDPStrategy"
 #: what the conformance suite checks beyond the basics (see specs.CAPABILITIES)
-_PARALLEL = frozenset(("accumulation", "clipping", "resharding", "timeout"))
+#: ("elastic": their launchers restart every rank, see LauncherRow.restarts)
+_PARALLEL = frozenset(("accumulation", "clipping", "resharding", "timeout", "elastic"))
 
 
 def _ddp_rows() -> tuple[StrategySpec, ...]:

@@ -22,6 +22,9 @@ CAPABILITIES: dict[str, str] = {
     "resharding": "a checkpoint saved at one world size loads at another",
     "timeout": "the strategy has a process-group `timeout` after which a rank that never "
     "reaches a collective becomes an error",
+    "elastic": "`launch(max_restarts=N)` survives a rank that dies (SIGKILL, during a "
+    "save too), raises or hangs (with `timeout`): every rank restarts and training "
+    "resumed from the last checkpoint ends exactly where an uninterrupted run does",
     "engine_gradients": "a declared difference: gradients live in the strategy's own "
     "(partitioned) buffers, so a parameter's `.grad` stays None after backward "
     "(DeepSpeed's ZeRO engine); the suite checks exactly that instead of the gradient "
