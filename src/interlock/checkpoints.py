@@ -316,31 +316,12 @@ class CheckpointManager:
         rank 0 already); rank 0 adds the plain values and commits once it is written."""
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
-        from torch import nn
-        from torch.distributed.checkpoint.state_dict import (
-            get_model_state_dict,
-            get_optimizer_state_dict,
-        )
-        from torch.optim import Optimizer
 
         from interlock.strategies import checkpointing
         from interlock.strategies.io import digest
-        from interlock.strategies.module_wrapper import unwrap
 
         strategy = self.strategy
-        owners = checkpointing.optimizer_owners(state)
-        tensors: dict[str, Any] = {}
-        plain: dict[str, Any] = {}
-        for key, value in state.items():
-            if isinstance(value, nn.Module):
-                tensors[key] = get_model_state_dict(unwrap(value))
-            elif isinstance(value, Optimizer):
-                tensors[key] = get_optimizer_state_dict(owners[key], value)
-            else:
-                plain[key] = value
-        precision_state = strategy.precision.state_dict()
-        if precision_state:
-            plain[checkpointing.PRECISION_KEY] = precision_state
+        tensors, plain = checkpointing.split_state(strategy, state)
         plain = _cpu_copy(plain)
         if self._group is None:
             # the writer's collectives run on a thread while training runs its own on

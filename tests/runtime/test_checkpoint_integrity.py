@@ -407,6 +407,17 @@ def failing_writes(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[int, i
     monkeypatch.undo()
 
 
+def assert_4mb_save_refused_and_previous_kept(io: TorchCheckpointIO, path: Path) -> None:
+    """Saving 4 MB over ``path`` on a full disk: the full-disk error naming the
+    directory and the size, no temporary file left, the previous checkpoint intact."""
+    with pytest.raises(OSError) as info:
+        io.save_checkpoint({"weights": torch.zeros(1_000_000)}, path)
+    assert_full_disk_error(info.value, path.parent)
+    assert "needed about 4.0 MB" in str(info.value), str(info.value)
+    assert other_files(path.parent, path.name) == [], "the temporary file must be removed"
+    assert torch.equal(io.load_checkpoint(path)["weights"], payload()["weights"])
+
+
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT], ids=["ENOSPC", "EDQUOT"])
 def test_a_full_disk_says_so_and_keeps_the_previous_checkpoint(
         tmp_path: Path, failing_writes: Callable[[int, int], None], code: int) -> None:
@@ -414,12 +425,7 @@ def test_a_full_disk_says_so_and_keeps_the_previous_checkpoint(
     path = tmp_path / "ckpt.pt"
     io.save_checkpoint(payload(), path)
     failing_writes(50_000, code)
-    with pytest.raises(OSError) as info:
-        io.save_checkpoint({"weights": torch.zeros(1_000_000)}, path)
-    assert_full_disk_error(info.value, tmp_path)
-    assert "needed about 4.0 MB" in str(info.value), str(info.value)
-    assert other_files(tmp_path, "ckpt.pt") == [], "the temporary file must be removed"
-    assert torch.equal(io.load_checkpoint(path)["weights"], payload()["weights"])
+    assert_4mb_save_refused_and_previous_kept(io, path)
 
 
 def test_torchs_short_write_message_becomes_the_full_disk_error(
@@ -477,12 +483,7 @@ def test_a_really_full_tmpfs_says_so_and_keeps_the_previous_checkpoint(
         io = TorchCheckpointIO()
         path = small / "ckpt.pt"
         io.save_checkpoint(payload(), path)
-        with pytest.raises(OSError) as info:
-            io.save_checkpoint({"weights": torch.zeros(1_000_000)}, path)
-        assert_full_disk_error(info.value, small)
-        assert "needed about 4.0 MB" in str(info.value), str(info.value)
-        assert other_files(small, "ckpt.pt") == [], "the temporary file must be removed"
-        assert torch.equal(io.load_checkpoint(path)["weights"], payload()["weights"])
+        assert_4mb_save_refused_and_previous_kept(io, path)
     finally:
         subprocess.run(["umount", str(small)], check=False)
 

@@ -170,10 +170,13 @@ def test_an_external_launcher_warns_that_it_cannot_restart(
     plan = interlock.plan(accelerator="cpu", devices=1, strategy="ddp")
     assert plan.launcher == "external"
     assert "torchrun --max-restarts" in plan.on_failure()
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "3")
     built = interlock.resolve(accelerator="cpu", devices=1, strategy="ddp")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert built.launch(lambda s: s.world_size, max_restarts=2) == 1
+        # one run, which reads torchrun's count of its restarts, not an attempt of ours
+        assert built.launch(lambda s: (s.world_size, restart_attempt()),
+                            max_restarts=2) == (1, 3)
     assert any("cannot restart ranks through the 'external' launcher" in str(w.message)
                for w in caught)
 
@@ -190,10 +193,14 @@ def test_the_plan_says_what_happens_on_failure() -> None:
     assert "its own death ends the job" in script
 
 
-def test_restart_attempt_reads_interlock_then_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_restart_attempt_reads_interlock_then_torchrun_then_slurm(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ATTEMPT_ENV, raising=False)
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
     assert restart_attempt() == 0
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert restart_attempt() == 1
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
     assert restart_attempt() == 2
     monkeypatch.setenv(ATTEMPT_ENV, "1")

@@ -359,13 +359,17 @@ class Strategy(ABC):
                 lambda attempt: _run_attempt(attempt, self, fn, args, kwargs),
                 policy, in_process=True)
         row = launcher_rows().get(launcher.name)
-        if policy.max_restarts and not (row is not None and row.restarts):
-            warnings.warn(
-                f"launch(max_restarts={policy.max_restarts}) cannot restart ranks through "
-                f"the {launcher.name!r} launcher: "
-                f"{row.on_failure if row is not None else 'it is not a registered launcher'}",
-                RuntimeWarning, stacklevel=3)
-            policy = RestartPolicy()
+        if not (row is not None and row.restarts):
+            if policy.max_restarts:
+                warnings.warn(
+                    f"launch(max_restarts={policy.max_restarts}) cannot restart ranks "
+                    f"through the {launcher.name!r} launcher: "
+                    f"{row.on_failure if row is not None else 'not a registered launcher'}",
+                    RuntimeWarning, stacklevel=3)
+            # one run, and no attempt number of ours: under torchrun its own count
+            # (TORCHELASTIC_RESTART_COUNT) is what restart_attempt() must read
+            once: T = launcher.launch(_run_worker, self, fn, args, kwargs)
+            return once
         def attempt_once(attempt: int) -> T:
             result: T = launcher.launch(_run_attempt, attempt, self, fn, args, kwargs)
             return result

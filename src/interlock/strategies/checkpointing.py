@@ -498,15 +498,11 @@ def restoring(strategy: Strategy, path: str | Path, state: dict[str, Any]) -> It
 # ------------------------------------------------------------------ distributed checkpoints
 
 
-def save_distributed(strategy: Strategy, path: str | Path, state: Mapping[str, Any]) -> None:
-    """Write a distributed checkpoint directory at ``path`` (a collective).
-
-    Every rank writes its own shards into a staging directory; rank 0 adds the plain
-    values, then the manifest (every file's size and SHA-256), and then swaps the
-    staging directory in. An interrupted save leaves the previous checkpoint at
-    ``path`` untouched.
-    """
-    path = Path(path)
+def split_state(strategy: Strategy, state: Mapping[str, Any]
+                ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a distributed checkpoint holds: the modules' and optimizers' state dicts
+    (sharded tensors, for ``torch.distributed.checkpoint``) and the plain values with
+    the precision's state (for ``interlock.pt``)."""
     owners = optimizer_owners(state)
     tensors: dict[str, Any] = {}
     plain: dict[str, Any] = {}
@@ -520,6 +516,19 @@ def save_distributed(strategy: Strategy, path: str | Path, state: Mapping[str, A
     precision_state = strategy.precision.state_dict()
     if precision_state:
         plain[PRECISION_KEY] = precision_state
+    return tensors, plain
+
+
+def save_distributed(strategy: Strategy, path: str | Path, state: Mapping[str, Any]) -> None:
+    """Write a distributed checkpoint directory at ``path`` (a collective).
+
+    Every rank writes its own shards into a staging directory; rank 0 adds the plain
+    values, then the manifest (every file's size and SHA-256), and then swaps the
+    staging directory in. An interrupted save leaves the previous checkpoint at
+    ``path`` untouched.
+    """
+    path = Path(path)
+    tensors, plain = split_state(strategy, state)
     staging = path.with_name(path.name + _STAGING_SUFFIX)
     if strategy.is_global_zero:
         shutil.rmtree(staging, ignore_errors=True)  # what an interrupted save left
@@ -598,12 +607,7 @@ def load_distributed(strategy: Strategy, path: str | Path, state: dict[str, Any]
     owners = optimizer_owners(state)
     # taken before the targets are made: torch fills a fresh optimizer's state then
     with restoring(strategy, path, state):
-        targets: dict[str, Any] = {}
-        for name, value in state.items():
-            if isinstance(value, nn.Module):
-                targets[name] = get_model_state_dict(unwrap(value))
-            elif isinstance(value, Optimizer):
-                targets[name] = get_optimizer_state_dict(owners[name], value)
+        targets, _ = split_state(strategy, state)
         saved_keys = set(metadata.state_dict_metadata)
         for name, target in targets.items():
             if isinstance(state[name], Optimizer):

@@ -26,7 +26,9 @@ someone else (torchrun, srun, mpirun: their launcher restarts them, e.g. ``torch
 --max-restarts``).
 
 Each worker can ask :func:`restart_attempt` which attempt it runs in (0 for the
-first); it reads torchrun's ``TORCHELASTIC_RESTART_COUNT`` too.
+first); it reads torchrun's ``TORCHELASTIC_RESTART_COUNT`` and SLURM's
+``SLURM_RESTART_COUNT`` too (under an external launcher ``launch`` sets no count of
+its own).
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ T = TypeVar("T")
 ATTEMPT_ENV = "INTERLOCK_RESTART_ATTEMPT"
 #: torchrun's count of the restarts it made
 TORCHRUN_ATTEMPT_ENV = "TORCHELASTIC_RESTART_COUNT"
+#: SLURM's count of the times a batch job was requeued
+SLURM_ATTEMPT_ENV = "SLURM_RESTART_COUNT"
 
 #: the most restarts one launch may be given: a job that fails this often will not
 #: succeed by retrying (and a typo such as 10**9 would retry for ever)
@@ -61,8 +65,9 @@ MAX_RESTARTS_LIMIT = 1_000
 
 def restart_attempt() -> int:
     """Which attempt this process runs in: 0 for the first, 1 after one restart, ...
-    (interlock's launchers and torchrun both say; 0 outside either)."""
-    for name in (ATTEMPT_ENV, TORCHRUN_ATTEMPT_ENV):
+    (interlock's launchers, torchrun and a requeued SLURM batch job say, in that
+    order; 0 outside all three)."""
+    for name in (ATTEMPT_ENV, TORCHRUN_ATTEMPT_ENV, SLURM_ATTEMPT_ENV):
         text = os.environ.get(name, "")
         if text.isdigit():
             return int(text)
