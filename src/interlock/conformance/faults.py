@@ -9,9 +9,9 @@ fires in attempt 0 only, at one rank and one step, so the attempt after the rest
 must finish with exactly the parameters and optimizer state of a run that was never
 interrupted.
 
-A run's directory holds its checkpoints (``step-N.ckpt``), the file naming the last
-complete one (``latest``, replaced atomically by rank 0 once every rank got past the
-save), one marker per (attempt, rank) with the process id, and two small JSON files
+A run's directory holds its checkpoints (a :class:`~interlock.CheckpointManager`
+directory, ``checkpoints/``, whose ``latest`` pointer moves only once every rank got
+past the save), one marker per (attempt, rank) with the process id, and two small JSON files
 with wall-clock times: ``fault.json`` (when and where the fault fired) and
 ``resumed.json`` (when the restarted attempt had loaded its checkpoint and was about
 to train again).
@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from interlock.checkpoints import CheckpointManager
 from interlock.conformance import reference
 from interlock.conformance.checks import full
 from interlock.strategies.module_wrapper import unwrap
@@ -48,7 +49,8 @@ HANG_S = 600.0
 
 FAULT_FILE = "fault.json"
 RESUMED_FILE = "resumed.json"
-LATEST_FILE = "latest"
+#: the run's CheckpointManager directory
+CHECKPOINTS = "checkpoints"
 
 #: the real functions, for this module's own files while a save has them patched
 _REPLACE = os.replace
@@ -123,12 +125,10 @@ def _train(strategy: Any, root: Path, attempt: int, fault: Fault | None) -> dict
     opt = torch.optim.AdamW(net.parameters(), lr=LR)
     module, (opt,) = strategy.setup_module_and_optimizers(net, [opt])
     state: dict[str, Any] = {"model": module, "optimizer": opt, "step": 0}
-    latest = root / LATEST_FILE
-    start = int(latest.read_text()) if latest.exists() else 0
-    if start:
-        strategy.load_checkpoint(root / f"step-{start}.ckpt", state)
-        if state["step"] != start:
-            raise RuntimeError(f"checkpoint step-{start}.ckpt holds step {state['step']}")
+    manager = CheckpointManager(strategy, root / CHECKPOINTS, keep=2)
+    start = manager.load_latest(state) or 0
+    if state["step"] != start:
+        raise RuntimeError(f"the checkpoint of step {start} holds step {state['step']}")
     if attempt and strategy.is_global_zero:
         _write_json(root / RESUMED_FILE, {"attempt": attempt, "from_step": start,
                                           "at": time.time()})
@@ -145,27 +145,33 @@ def _train(strategy: Any, root: Path, attempt: int, fault: Fault | None) -> dict
         if (step + 1) % SAVE_EVERY == 0:
             state["step"] = step + 1
             dying = fault is not None and fault.kind == "kill_during_save" and step >= fault.step
-            _save(strategy, root, step + 1, state, fault if dying else None)
+            _save(strategy, manager, root, step + 1, state, fault if dying else None)
+    manager.close()
     return {"params": full(module.state_dict()), "optimizer": full(opt.state_dict()),
             "attempt": attempt, "resumed_from": start}
 
 
-def _save(strategy: Any, root: Path, done: int, state: Mapping[str, Any],
-          fault: Fault | None) -> None:
-    path = root / f"step-{done}.ckpt"
+def _save(strategy: Any, manager: CheckpointManager, root: Path, done: int,
+          state: Mapping[str, Any], fault: Fault | None) -> None:
+    """The checkpoint of ``done`` steps through the manager; with ``fault``, this rank
+    dies inside the save: once it has written and synced a file of its own, or, when
+    it writes none (a DDP rank other than 0), when the strategy's own save returns,
+    before the manager has made the checkpoint the latest one."""
     if fault is None:
-        strategy.save_checkpoint(path, state)
-    else:
+        manager.save(done, state)
+        return
+    own_save = strategy.save_checkpoint
+
+    def dying_save(path: Any, saved: Mapping[str, Any]) -> None:
         with _die_before_rename(fault, root):
-            strategy.save_checkpoint(path, state)
-        # this rank wrote no file of its own: it dies before the save counts as done
+            own_save(path, saved)
         _die(fault, root, "after its part of the save, before the save was recorded")
-    # every rank got past the save: only now is it the one to resume from, and no
-    # rank goes on before it is recorded
-    strategy.barrier()
-    if strategy.is_global_zero:
-        _write_atomically(root / LATEST_FILE, str(done))
-    strategy.barrier()
+
+    strategy.save_checkpoint = dying_save
+    try:
+        manager.save(done, state)
+    finally:
+        del strategy.save_checkpoint  # the class's method again
 
 
 def _fire_before_step(fault: Fault, root: Path, module: Any) -> None:
