@@ -70,6 +70,20 @@ class StandInStrategy:
         return dict(self._parts)
 
 
+class StandInModelParallel(StandInStrategy):
+    """A strategy instance given the older degree options, as ModelParallelStrategy
+    reports them."""
+
+    def __init__(self, name: str = "model_parallel", data_parallel_size: object = "auto",
+                 tensor_parallel_size: object = "auto") -> None:
+        super().__init__(name)
+        self._degrees = {"data_parallel_size": data_parallel_size,
+                         "tensor_parallel_size": tensor_parallel_size}
+
+    def degree_options(self) -> dict[str, object]:
+        return dict(self._degrees)
+
+
 def three_devices() -> int:
     """A registered accelerator's device counter that finds three devices."""
     return 3

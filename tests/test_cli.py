@@ -37,6 +37,19 @@ def test_plan_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert data["plan"]["notes"] and data["machine"]["cuda_devices"] == 0
 
 
+def test_plan_takes_the_degrees_of_parallelism(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "plan", "--simulate", "cuda=8", "--strategy", "fsdp",
+                       "--parallelism", "dp_replicate=2,dp_shard=4", "--json")
+    assert code == 0
+    data = json.loads(out)["plan"]
+    assert data["parallelism"] == {"pp": 1, "dp_replicate": 2, "dp_shard": 4, "cp": 1, "tp": 1}
+    assert data["mesh"]["shape"] == [1, 2, 4, 1, 1]
+    code, out, err = run(capsys, "plan", "--simulate", "cuda=8", "--strategy", "ddp",
+                         "--parallelism", "tp=2")
+    assert code == 2 and out == "" and "[unsupported-parallelism]" in err
+    assert "Traceback" not in err
+
+
 def test_refusal_goes_to_stderr_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "plan", "--simulate", "cuda=2", "--devices", "4")
     assert code == 2 and out == ""

@@ -33,6 +33,7 @@ from plugins import (
     MyCheckpointIO,
     NotAPlugin,
     StandInAccelerator,
+    StandInModelParallel,
     StandInStrategy,
 )
 
@@ -201,6 +202,43 @@ EXAMPLES: dict[str, tuple[Flags, Machine, str | None]] = {
     "precision/missing-package": ({"precision": "transformer-engine"}, ONE_GPU,
                                   "missing-package"),
     "precision/supported": ({}, CPU, None),
+    "parallelism/conflict": (
+        {"strategy": StandInModelParallel(data_parallel_size=2, tensor_parallel_size=2),
+         "devices": 4, "parallelism": {"tp": 4, "dp_shard": 1}}, CPU, "conflicting-flags"),
+    "parallelism/flag-unreadable": ({"strategy": "fsdp", "devices": 2,
+                                     "parallelism": {"tpp": 2}}, CPU, "invalid-parallelism"),
+    "parallelism/flag": ({"strategy": "fsdp", "devices": 4,
+                          "parallelism": {"dp_replicate": 2}}, CPU, None),
+    "parallelism/legacy-options-unreadable": (
+        {"strategy": StandInModelParallel(data_parallel_size=0), "devices": 2}, CPU,
+        "invalid-parallelism"),
+    "parallelism/legacy-options": (
+        {"strategy": StandInModelParallel(data_parallel_size=1, tensor_parallel_size=2),
+         "devices": 2}, CPU, None),
+    "parallelism/row-default": ({}, CPU, None),
+    "parallelism/unsupported-dimension": ({"strategy": "ddp", "devices": 2,
+                                           "parallelism": {"tp": 2}}, CPU,
+                                          "unsupported-parallelism"),
+    "parallelism/dimensions-accepted": ({}, CPU, None),
+    "parallelism/does-not-fit": ({"strategy": "fsdp", "devices": 4,
+                                  "parallelism": {"dp_replicate": 3}}, CPU,
+                                 "invalid-parallelism"),
+    "parallelism/fits": ({}, CPU, None),
+    "parallelism/auto-unsupported-dimension": ({"strategy": "ddp", "devices": 2,
+                                                "parallelism": {}}, CPU,
+                                               "unsupported-parallelism"),
+    "parallelism/tp-split-across-nodes": (
+        {"strategy": "model_parallel", "devices": 6, "num_nodes": 2,
+         "parallelism": {"tp": 4}}, CPU, "invalid-parallelism"),
+    "parallelism/cp-accelerator": ({"strategy": "model_parallel", "devices": 2,
+                                    "parallelism": {"cp": 2}}, CPU,
+                                   "unsupported-parallelism"),
+    "parallelism/pp-precision": ({"strategy": "ilk_pipeline_fp16", "devices": 2,
+                                  "precision": "16-mixed", "parallelism": {"pp": 2}}, CPU,
+                                 "unsupported-precision"),
+    "parallelism/tp-across-nodes": ({"strategy": "model_parallel", "devices": 2,
+                                     "num_nodes": 2, "parallelism": {"tp": 4}}, CPU, None),
+    "parallelism/layout": ({}, CPU, None),
     "plugins/checkpoint-io-plugin": ({"plugins": MyCheckpointIO()}, CPU, None),
     "plugins/checkpoint-io-xla": ({}, TPU, None),
     "plugins/checkpoint-io-torch": ({}, CPU, None),
@@ -260,8 +298,26 @@ def broken_part_entry_points() -> Iterator[None]:
     parts_registry._version += 1
 
 
+@pytest.fixture
+def pipeline_with_16_mixed() -> Iterator[None]:
+    """A registered strategy that declares pipeline parallel and 16-mixed (no built-in
+    row does: the engine refuses the pair for every row that would)."""
+    from interlock import StrategySpec, register_strategy, unregister_strategy
+
+    register_strategy(StrategySpec(
+        name="ilk_pipeline_fp16",
+        factory="interlock.strategies.model_parallel:ModelParallelStrategy",
+        description="a pipeline that claims 16-mixed",
+        family="model_parallel", accelerators=frozenset({"cpu"}),
+        precisions=frozenset({"32-true", "16-mixed"}), launcher="subprocess",
+        parallel_dims=frozenset({"pp", "dp_shard"})))
+    yield
+    unregister_strategy("ilk_pipeline_fp16")
+
+
 #: rules whose example needs more than flags and a machine: rule id -> fixture
-SETUPS = {"flags/strategy-broken-entry-point": "broken_entry_point",
+SETUPS = {"parallelism/pp-precision": "pipeline_with_16_mixed",
+          "flags/strategy-broken-entry-point": "broken_entry_point",
           "flags/precision-broken-entry-point": "broken_part_entry_points",
           "flags/accelerator-broken-entry-point": "broken_part_entry_points"}
 

@@ -113,6 +113,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             precision=args.precision,
             num_nodes=args.num_nodes,
             machine=machine,
+            parallelism=args.parallelism,
         )
     except ResolutionError as error:
         if args.json:
@@ -231,6 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", default="auto")
     p.add_argument("--precision", default="32-true")
     p.add_argument("--num-nodes", type=int, default=1)
+    p.add_argument(
+        "--parallelism", default=None, metavar="DIM=DEGREE,...",
+        help="degrees of parallelism, e.g. dp_replicate=2,dp_shard=2 (dimensions: pp, "
+        "dp_replicate, dp_shard, cp, tp; a degree is an int or auto); default: the "
+        "strategy's own",
+    )
     p.add_argument("--simulate", metavar="SPEC", help=SIMULATE_HELP)
     p.add_argument(
         "--env", action="append", default=[], metavar="KEY=VALUE",

@@ -14,6 +14,7 @@ from interlock.connector.machine import Machine
 from interlock.connector.planner import (
     AcceleratorFlag,
     DevicesFlag,
+    ParallelismFlag,
     Plan,
     PrecisionFlag,
     StrategyFlag,
@@ -44,6 +45,7 @@ def resolve(
     num_nodes: int = 1,
     plugins: object = None,
     machine: Machine | None = None,
+    parallelism: ParallelismFlag = None,
 ) -> Strategy:
     """`plan` the flags, then build the Strategy the plan describes: a validated, wired
     strategy, or a `ResolutionError`.
@@ -58,5 +60,5 @@ def resolve(
     check_machine("resolve", machine)
     return build(plan(
         accelerator=accelerator, devices=devices, strategy=strategy, precision=precision,
-        num_nodes=num_nodes, plugins=plugins, machine=machine,
+        num_nodes=num_nodes, plugins=plugins, machine=machine, parallelism=parallelism,
     ))

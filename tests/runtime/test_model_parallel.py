@@ -12,7 +12,7 @@ import workloads
 from harness import close, launch_forked
 
 import interlock
-from interlock.strategies.mesh import MeshDegrees
+from interlock import Parallelism, ResolutionError
 from interlock.strategies.model_parallel import ModelParallelStrategy
 
 SPLITS = {
@@ -102,23 +102,21 @@ def test_empty_init_allocates_only_shards(tmp_path: Path) -> None:
     close(loaded["params"], saved["params"], "empty-init model after loading")
 
 
-def test_mesh_degrees_are_validated_with_the_numbers() -> None:
-    assert MeshDegrees.resolve(data_parallel="auto", tensor_parallel="auto", world_size=8,
-                               devices_per_node=4) == MeshDegrees(data_parallel=2,
-                                                                  tensor_parallel=4)
-    assert MeshDegrees.resolve(data_parallel=2, tensor_parallel="auto", world_size=8,
-                               devices_per_node=8).tensor_parallel == 4
-    with pytest.raises(ValueError, match="tensor_parallel_size=3 does not divide the world "
-                       "size 8; choose one of 1, 2, 4, 8"):
-        MeshDegrees.resolve(data_parallel="auto", tensor_parallel=3, world_size=8,
-                            devices_per_node=8)
-    with pytest.raises(ValueError, match=r"2 x tensor_parallel_size=2 = 4, but the world "
-                       "has 8 ranks"):
-        MeshDegrees.resolve(data_parallel=2, tensor_parallel=2, world_size=8,
-                            devices_per_node=8)
-    with pytest.raises(ValueError, match="expected 'auto' or an int >= 1"):
-        MeshDegrees.resolve(data_parallel=0, tensor_parallel="auto", world_size=8,
-                            devices_per_node=8)
+def test_a_strategy_built_by_hand_checks_its_degrees_with_the_numbers() -> None:
+    """Without a plan the older options are checked against the world at once."""
+    def degrees(**options: Any) -> Parallelism:
+        return ModelParallelStrategy(**options).degrees
+
+    assert degrees(parallel_devices=["cpu"] * 4, num_nodes=2) == Parallelism(dp_shard=2, tp=4)
+    assert degrees(parallel_devices=["cpu"] * 8, data_parallel_size=2) == \
+        Parallelism(dp_shard=2, tp=4)
+    with pytest.raises(ResolutionError, match="tp=3 does not divide the world size 8"):
+        ModelParallelStrategy(parallel_devices=["cpu"] * 8, tensor_parallel_size=3)
+    with pytest.raises(ResolutionError, match=r"dp_shard=2 x tp=2 = 4, but the world has 8"):
+        ModelParallelStrategy(parallel_devices=["cpu"] * 8, data_parallel_size=2,
+                              tensor_parallel_size=2)
+    with pytest.raises(ResolutionError, match="dp_shard=0 is not a degree"):
+        ModelParallelStrategy(parallel_devices=["cpu"] * 8, data_parallel_size=0)
 
 
 def test_a_split_that_does_not_fit_the_world_fails_at_resolve() -> None:

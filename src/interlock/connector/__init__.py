@@ -7,6 +7,7 @@ lives with the strategies.
 
 from interlock.connector.errors import ERROR_CODES, ResolutionError
 from interlock.connector.machine import Machine
+from interlock.connector.parallelism import MeshLayout, Parallelism
 from interlock.connector.parts_registry import (
     accelerator_rows,
     checkpoint_io_rows,
@@ -49,6 +50,8 @@ __all__ = [
     "ClusterRow",
     "LauncherRow",
     "Machine",
+    "MeshLayout",
+    "Parallelism",
     "Plan",
     "PrecisionRow",
     "RegistrationError",

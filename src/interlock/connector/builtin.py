@@ -15,6 +15,13 @@ _DDP = "interlock.strategies.ddp:DDPStrategy"
 #: ("elastic": their launchers restart every rank, see LauncherRow.restarts)
 _PARALLEL = frozenset(("accumulation", "clipping", "resharding", "timeout", "elastic"))
 
+#: which dimensions of parallelism (`interlock.Parallelism`) a row lets users set, and
+#: the degrees it runs with by default (docs/parallelism.md gives the reasons)
+_REPLICATE = frozenset(("dp_replicate",))
+_FSDP_DIMS = frozenset(("dp_replicate", "dp_shard"))
+_MODEL_PARALLEL_DIMS = frozenset(("pp", "dp_replicate", "dp_shard", "cp", "tp"))
+_SHARD_ALL = {"dp_shard": "auto"}
+
 
 def _ddp_rows() -> tuple[StrategySpec, ...]:
     styles = (
@@ -53,6 +60,7 @@ def _ddp_rows() -> tuple[StrategySpec, ...]:
                     substitutes={"xla": "xla"},
                     variant_of=name if extra else None,
                     capabilities=_PARALLEL,
+                    parallel_dims=_REPLICATE,
                 )
             )
     return tuple(rows)
@@ -114,6 +122,7 @@ def _deepspeed_rows() -> tuple[StrategySpec, ...]:
             # accumulation and clipping are DeepSpeed config entries
             # (gradient_accumulation_steps, gradient_clipping), not the strategy calls
             capabilities=frozenset(("timeout", "engine_gradients")),
+            default_parallelism=_SHARD_ALL,
         )
         for name, options, what in variants
     )
@@ -145,6 +154,8 @@ BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
         substitutes={"xla": "xla_fsdp"},
         precision_plugin="fsdp",
         capabilities=_PARALLEL,
+        parallel_dims=_FSDP_DIMS,
+        default_parallelism=_SHARD_ALL,
     ),
     StrategySpec(
         name="fsdp_cpu_offload",
@@ -159,16 +170,22 @@ BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
         substitutes={"cpu": "fsdp", "xla": "xla_fsdp"},
         precision_plugin="fsdp",
         capabilities=_PARALLEL | {"parameter_offload"},
+        parallel_dims=_FSDP_DIMS,
+        default_parallelism=_SHARD_ALL,
     ),
     StrategySpec(
         name="model_parallel",
         factory="interlock.strategies.model_parallel:ModelParallelStrategy",
-        description="2-D device mesh: tensor parallel x data parallel (FSDP2)",
+        description="an N-D device mesh (pipeline, data, context and tensor parallel) "
+        "that a user function parallelises the model over",
         family="model_parallel",
         accelerators=frozenset(("cpu", "cuda")),
         precisions=_TENSOR_PARALLEL,
         launcher="subprocess",
         capabilities=_PARALLEL,
+        parallel_dims=_MODEL_PARALLEL_DIMS,
+        # tensor parallel within a node, sharded data parallel across nodes
+        default_parallelism={"tp": "node", "dp_shard": "auto"},
     ),
     *_deepspeed_rows(),
     StrategySpec(
@@ -205,6 +222,7 @@ BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
         launcher="xla",
         requires=("torch_xla",),
         precision_plugin="xla",
+        default_parallelism=_SHARD_ALL,
         substitutes={"cpu": "fsdp", "cuda": "fsdp"},
     ),
     StrategySpec(

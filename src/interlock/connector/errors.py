@@ -44,6 +44,11 @@ ERROR_CODES: Mapping[str, str] = MappingProxyType(
         "with devices x num_nodes",
         "invalid-environment": "a cluster environment variable holds a value that cannot "
         "be read",
+        "invalid-parallelism": "the degrees of parallelism cannot be read, or do not fit "
+        "the world (their product, divisibility, 'auto', tensor parallel split across "
+        "nodes); the message shows the arithmetic",
+        "unsupported-parallelism": "the strategy, accelerator or precision cannot run a "
+        "dimension of parallelism that was asked for",
     }
 )
 
@@ -61,6 +66,7 @@ FLAGS: tuple[str, ...] = (
     "precision",
     "num_nodes",
     "plugins",
+    "parallelism",
     "environment",
 )
 

@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Protocol, TypeAlias
 from interlock.connector.errors import ResolutionError, did_you_mean
 from interlock.connector.limits import MAX_DEVICES_PER_NODE
 from interlock.connector.machine import Machine
+from interlock.connector.parallelism import MeshLayout, Parallelism
 from interlock.connector.parts_registry import current_parts
 from interlock.connector.registration import load_reference
 from interlock.connector.registry import (
@@ -24,10 +25,12 @@ from interlock.connector.stages.accelerator import AcceleratorInput, choose_acce
 from interlock.connector.stages.cluster import ClusterInput, choose_cluster
 from interlock.connector.stages.devices import DevicesInput, place_devices
 from interlock.connector.stages.flags import plugin_kind, read_flags
+from interlock.connector.stages.parallelism import ParallelismInput, choose_parallelism
 from interlock.connector.stages.plugins import PluginsInput, choose_plugins
 from interlock.connector.stages.precision import PrecisionInput, choose_precision
 from interlock.connector.stages.strategy import StrategyInput, choose_strategy
 from interlock.connector.tables import (
+    LEGACY_DEGREE_OPTIONS,
     RESTART_BACKOFF_FACTOR,
     RESTART_BACKOFF_S,
     RESTART_MAX_BACKOFF_S,
@@ -64,6 +67,9 @@ StrategyFlag: TypeAlias = str | StrategyPart
 DevicesFlag: TypeAlias = int | str | Sequence[int]
 #: What the precision flag accepts: a canonical name or a legacy alias (16, "bf16", ...).
 PrecisionFlag: TypeAlias = str | int
+#: What the parallelism flag accepts: a Parallelism, a mapping of dimensions to degrees,
+#: "dp_shard=2,tp=2"-style text, or None for the strategy's default degrees.
+ParallelismFlag: TypeAlias = Parallelism | Mapping[str, int | str] | str | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,6 +91,9 @@ class Plan:
         spec: the strategy's registry row.
         plugins: plugin objects given by the user, to be wired by the runtime.
         machine: the machine snapshot the plan was made for.
+        parallelism: the degrees of parallelism, every one an int, multiplying to the
+            world size.
+        mesh: the device mesh they make: dimension names outermost first, and sizes.
     """
 
     accelerator: str
@@ -99,6 +108,9 @@ class Plan:
     notes: tuple[str, ...]
     trace: tuple[TraceStep, ...]
     spec: StrategySpec = field(repr=False)
+    parallelism: Parallelism = field(
+        default_factory=lambda: Parallelism(dp_shard=1))
+    mesh: MeshLayout = field(default_factory=lambda: MeshLayout.of(Parallelism(dp_shard=1)))
     plugins: tuple[object, ...] = field(default=(), repr=False)
     strategy_instance: object | None = field(default=None, repr=False, compare=False)
     accelerator_instance: object | None = field(default=None, repr=False, compare=False)
@@ -160,6 +172,8 @@ class Plan:
             f"  launcher:             {self.launcher or 'none (runs in this process)'}",
             f"  cluster environment:  {self.cluster_environment}",
             f"  checkpoint IO:        {self.checkpoint_io}",
+            f"  parallelism:          {self._degrees_text()}",
+            f"  device mesh:          {self.mesh.describe()} (outermost first)",
             *textwrap.wrap(self.on_failure(), 88, initial_indent="  on failure:           ",
                            subsequent_indent=" " * 24),
         ]
@@ -177,6 +191,10 @@ class Plan:
             lines.append(f"  {i:2d}. {step.rule:<{width}}  {step.reason}")
         return "\n".join(lines)
 
+    def _degrees_text(self) -> str:
+        enabled = [f"{d}={getattr(self.parallelism, d)}" for d in self.parallelism.enabled()]
+        return " x ".join(enabled) if enabled else "none (one rank)"
+
     def to_dict(self) -> dict[str, object]:
         """A JSON-friendly view (plugins by class name)."""
         return {
@@ -189,6 +207,8 @@ class Plan:
             "launcher": self.launcher,
             "cluster_environment": self.cluster_environment,
             "checkpoint_io": self.checkpoint_io,
+            "parallelism": self.parallelism.to_dict(),
+            "mesh": {"dims": list(self.mesh.dims), "shape": list(self.mesh.shape)},
             "plugins": [type(p).__name__ for p in self.plugins],
             "notes": list(self.notes),
             "trace": [step.to_dict() for step in self.trace],
@@ -294,6 +314,29 @@ def _exact(value: object) -> object:
     return None
 
 
+def _exact_parallelism(value: object) -> object:
+    """`_exact` for the parallelism flag: None and Parallelism instances are kept."""
+    if value is None:
+        return ("none",)
+    if type(value) is Parallelism:
+        return (Parallelism, value)
+    return _exact(value)
+
+
+def _legacy_degrees(spec: StrategySpec, instance: object) -> tuple[dict[str, object], str]:
+    """A strategy's older degree options (`LEGACY_DEGREE_OPTIONS`), as given: by the
+    strategy instance (its ``degree_options()``), else by the row's options."""
+    reader = getattr(instance, "degree_options", None)
+    if callable(reader):
+        given = reader()
+        if isinstance(given, Mapping):
+            options = {k: v for k, v in given.items() if k in LEGACY_DEGREE_OPTIONS}
+            if options:
+                return options, f"the {type(instance).__name__} instance"
+    options = {k: v for k, v in spec.options.items() if k in LEGACY_DEGREE_OPTIONS}
+    return options, f"the options of strategy {spec.name!r}"
+
+
 def plan(
     accelerator: AcceleratorFlag = "auto",
     devices: DevicesFlag = "auto",
@@ -302,6 +345,7 @@ def plan(
     num_nodes: int = 1,
     plugins: object = None,
     machine: Machine | None = None,
+    parallelism: ParallelismFlag = None,
 ) -> Plan:
     """Resolve training flags on a machine into a validated `Plan`.
 
@@ -322,6 +366,9 @@ def plan(
         plugins: a plugin object or a sequence of them (precision, checkpoint IO,
             cluster environment).
         machine: the machine to plan for; None probes this one.
+        parallelism: degrees of parallelism (`interlock.Parallelism`, a mapping such
+            as ``{"dp_replicate": 2, "dp_shard": 2}`` or ``"dp_replicate=2,dp_shard=2"``);
+            None runs the strategy's default degrees. See ``docs/parallelism.md``.
 
     Raises:
         ResolutionError: the combination cannot work; the error says why and what
@@ -336,7 +383,7 @@ def plan(
     key: tuple[object, ...] | None = None
     if plugins is None:
         parts = (_exact(accelerator), _exact(devices), _exact(strategy), _exact(precision),
-                 _exact(num_nodes))
+                 _exact(num_nodes), _exact_parallelism(parallelism))
         if None not in parts:
             key = (*parts, machine, registry_version())
             hit = _MEMO.get(key)
@@ -344,7 +391,7 @@ def plan(
                 return hit
     result = _chain(machine, specs, Written(
         accelerator=accelerator, devices=devices, strategy=strategy, precision=precision,
-        num_nodes=num_nodes, plugins=plugins,
+        num_nodes=num_nodes, plugins=plugins, parallelism=parallelism,
     ))
     if key is not None:
         if len(_MEMO) >= MEMO_SIZE:
@@ -385,6 +432,13 @@ def _chain(machine: Machine, specs: Mapping[str, StrategySpec], written: Written
             explicit=flags.strategy != "auto",
             requested=flags.precision, plugin=flags.plugins.precision), written)
         trace += precision.trace
+        legacy, legacy_source = _legacy_degrees(strategy.spec, flags.strategy_instance)
+        layout = choose_parallelism(ParallelismInput(
+            parts=parts, specs=specs, spec=strategy.spec, accelerator=accelerator.name,
+            precision=precision.name, devices_per_node=len(strategy.parallel_devices),
+            num_nodes=flags.num_nodes, flag=written.parallelism, legacy=legacy,
+            legacy_source=legacy_source))
+        trace += layout.trace
         plugins = choose_plugins(PluginsInput(
             parts=parts, accelerator=accelerator.name,
             checkpoint_io=flags.plugins.checkpoint_io))
@@ -405,7 +459,9 @@ def _chain(machine: Machine, specs: Mapping[str, StrategySpec], written: Written
         cluster_environment=cluster.name,
         checkpoint_io=plugins.checkpoint_io,
         notes=(*flags.notes, *accelerator.notes, *placement.notes, *cluster.notes,
-               *strategy.notes, *precision.notes, *plugins.notes),
+               *strategy.notes, *precision.notes, *layout.notes, *plugins.notes),
+        parallelism=layout.degrees,
+        mesh=layout.mesh,
         trace=trace,
         spec=spec,
         plugins=flags.plugins.given(),

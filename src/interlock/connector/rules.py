@@ -75,6 +75,7 @@ class Written(NamedTuple):
     precision: object = None
     num_nodes: object = None
     plugins: object = None
+    parallelism: object = None
 
 
 #: No flags written (a stage run from parsed values only, as the matrix does).

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from interlock.connector.parallelism import DIMS
 from interlock.connector.parts_registry import current_parts
 from interlock.connector.registration import FACTORY_PATTERN, suspects
 from interlock.connector.tables import INSTALL_HINTS, STRATEGY_PRECISION_PLUGINS
@@ -85,6 +86,13 @@ class StrategySpec:
             strategies whose numerics change only after a warm-up (PowerSGD's
             ``start_powerSGD_iter``); None keeps the suite's defaults (3 steps for
             training parity, 2 for accumulation parity).
+        parallel_dims: the dimensions of parallelism (`interlock.Parallelism`) a user
+            may set above 1 with the ``parallelism=`` flag; any other must be 1
+            (``unsupported-parallelism`` otherwise).
+        default_parallelism: the degrees the strategy runs with when the flag is not
+            given: per dimension an int, ``"auto"`` (what the others leave of the
+            world; at most one) or ``"node"`` (the devices of one node); dimensions
+            left out are 1.
     """
 
     name: str
@@ -105,6 +113,9 @@ class StrategySpec:
     parity_tolerance: tuple[float, float] | None = None
     parity_steps: int | None = None
     precision_refusals: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    parallel_dims: frozenset[str] = frozenset()
+    default_parallelism: Mapping[str, object] = field(
+        default_factory=lambda: {"dp_replicate": "auto"})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "accelerators", frozenset(self.accelerators))
@@ -113,6 +124,9 @@ class StrategySpec:
         object.__setattr__(self, "capabilities", frozenset(self.capabilities))
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
         object.__setattr__(self, "substitutes", MappingProxyType(dict(self.substitutes)))
+        object.__setattr__(self, "parallel_dims", frozenset(self.parallel_dims))
+        object.__setattr__(self, "default_parallelism",
+                           MappingProxyType(dict(self.default_parallelism)))
         object.__setattr__(self, "precision_refusals", MappingProxyType({
             a: MappingProxyType(dict(r)) if isinstance(r, Mapping) else r
             for a, r in dict(self.precision_refusals).items()
@@ -126,6 +140,7 @@ class StrategySpec:
         fields = {f: getattr(self, f) for f in self.__dataclass_fields__}
         fields["options"] = dict(self.options)
         fields["substitutes"] = dict(self.substitutes)
+        fields["default_parallelism"] = dict(self.default_parallelism)
         fields["precision_refusals"] = {a: dict(r) for a, r in self.precision_refusals.items()}
         return (_rebuild_spec, (fields,))
 
@@ -248,6 +263,7 @@ def spec_problems(spec: object) -> list[str]:
         problems.append(
             f"capabilities {unknown} are unknown; known: {', '.join(CAPABILITIES)}"
         )
+    problems.extend(_parallelism_problems(spec))
     for accelerator in spec.substitutes:
         if accelerator not in parts.accelerators:
             problems.append(f"substitutes names unknown accelerator {accelerator!r}")
@@ -257,3 +273,25 @@ def spec_problems(spec: object) -> list[str]:
             )
     return problems
 
+
+
+def _parallelism_problems(spec: StrategySpec) -> list[str]:
+    """What is wrong with a spec's `parallel_dims` and `default_parallelism`."""
+    problems: list[str] = []
+    unknown = sorted(str(d) for d in spec.parallel_dims if d not in DIMS)
+    if unknown:
+        problems.append(f"parallel_dims {unknown} are unknown; known: {', '.join(DIMS)}")
+    defaults = spec.default_parallelism
+    if not isinstance(defaults, Mapping):
+        return [*problems, "default_parallelism must map dimensions to degrees"]
+    for dim, degree in defaults.items():
+        if dim not in DIMS:
+            problems.append(f"default_parallelism names {dim!r}, which is not a dimension; "
+                            f"known: {', '.join(DIMS)}")
+        elif not (degree in ("auto", "node") or (
+                isinstance(degree, int) and not isinstance(degree, bool) and degree >= 1)):
+            problems.append(f"default_parallelism[{dim!r}] = {degree!r} must be an int >= 1, "
+                            "'auto' or 'node'")
+    if sum(1 for d in defaults.values() if d == "auto") > 1:
+        problems.append("default_parallelism may have at most one 'auto' degree")
+    return problems

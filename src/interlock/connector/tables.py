@@ -679,3 +679,35 @@ WITHDRAWN_STRATEGIES: tuple[WithdrawnName, ...] = (
 WITHDRAWN_ROWS: Mapping[str, WithdrawnName] = MappingProxyType(
     {r.name: r for r in WITHDRAWN_STRATEGIES}
 )
+
+
+# --------------------------------------------------------------------------- parallelism
+
+#: older strategy options that set a degree of parallelism, and the dimension each now
+#: means (`ModelParallelStrategy(data_parallel_size=..., tensor_parallel_size=...)`);
+#: the engine translates them into the ``parallelism=`` flag, with a note
+LEGACY_DEGREE_OPTIONS: Mapping[str, str] = MappingProxyType({
+    "data_parallel_size": "dp_shard",
+    "tensor_parallel_size": "tp",
+})
+
+#: the accelerators torch's context parallel runs on, and why the others are refused
+CONTEXT_PARALLEL_ACCELERATORS: frozenset[str] = frozenset({"cuda"})
+CONTEXT_PARALLEL_REASON = (
+    "torch's context parallel (torch.distributed.tensor.experimental.context_parallel) "
+    "shards only the CUDA attention kernels (flash, memory-efficient, cuDNN); on the CPU "
+    "scaled dot-product attention runs aten._scaled_dot_product_flash_attention_for_cpu, "
+    "which has no sharding strategy (torch 2.13: causal attention fails in forward, any "
+    "attention in backward)"
+)
+
+#: the precisions a pipeline schedule (torch.distributed.pipelining) trains in, and why
+#: the others are refused
+PIPELINE_PRECISIONS: frozenset[str] = frozenset({"32-true", "bf16-true", "bf16-mixed",
+                                                 "16-true"})
+PIPELINE_PRECISION_REASON = (
+    "the pipeline schedule runs backward itself and the loss exists only on the last "
+    "stage, so a gradient scaler (16-mixed) scales nothing on the other stages, and an "
+    "overflow found on one stage does not skip the step on the others (measured with "
+    "torch 2.13: the stages diverge)"
+)

@@ -494,6 +494,19 @@ class Strategy(ABC):
         """
         self.precision.backward(loss, module, *args, **kwargs)
 
+    def forward_backward(self, module: nn.Module, inputs: Any, target: Any,
+                         loss_fn: Callable[[Any, Any], torch.Tensor]) -> torch.Tensor:
+        """One training step's forward and backward: ``loss_fn(module(inputs), target)``
+        backpropagated through :meth:`backward`; returns the loss, detached.
+
+        The same call works for every strategy: under pipeline parallel
+        (`ModelParallelStrategy` with pp > 1) forward and backward cannot be separated,
+        and the pipeline schedule runs both over micro-batches.
+        """
+        loss = loss_fn(module(inputs), target)
+        self.backward(loss, module)
+        return loss.detach()
+
     def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
         """Step ``optimizer`` through the precision plugin; with a grad scaler
         (``16-mixed``) a step whose gradients hold inf or NaN is skipped.

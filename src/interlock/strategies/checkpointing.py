@@ -204,6 +204,15 @@ def load_full(strategy: Strategy, path: str | Path, state: dict[str, Any],
     file (damaged, or not fitting the modules and optimizers: keys, shapes, dtypes),
     before anything is restored.
     """
+    stages = pipeline_stages(strategy)
+    if stages > 1:
+        raise CheckpointLoadError(
+            str(path), f"{str(path)!r} is one full file, but under pipeline parallel "
+            f"(pp={stages}) each stage holds only its own layers and loads a distributed "
+            "checkpoint directory: save it with a strategy that writes one (fsdp with "
+            "state_dict_type='sharded', model_parallel), or load it under a layout "
+            "without pp"
+        )
     owners = optimizer_owners(state)
     checkpoint: dict[str, Any] = {}
     problem: str | None = None
@@ -619,7 +628,8 @@ def load_distributed(strategy: Strategy, path: str | Path, state: dict[str, Any]
                         if any(k.startswith(f"{name}.state.{fqn}.") for k in saved_keys)}
                 target["state"] = kept
         # the module targets are the live tensors: dcp.load writes into them
-        problem = describe_misfits(path, _distributed_misfits(metadata, targets, state))
+        problem = describe_misfits(path, _distributed_misfits(
+            metadata, targets, state, _held_elsewhere(strategy, targets, state)))
         if problem is not None:
             raise CheckpointLoadError(str(path), problem)
         try:
@@ -638,10 +648,34 @@ def load_distributed(strategy: Strategy, path: str | Path, state: dict[str, Any]
         return _restore_plain(strategy, state, plain)
 
 
+def pipeline_stages(strategy: Strategy) -> int:
+    """How many pipeline stages ``strategy`` splits models into (1 for most)."""
+    degrees = getattr(strategy, "parallelism", None)
+    return int(getattr(degrees, "pp", 1))
+
+
+def _held_elsewhere(strategy: Strategy, targets: Mapping[str, Any],
+                    state: Mapping[str, Any]) -> dict[str, set[str]]:
+    """Per module, the keys other ranks hold and this one does not: a pipeline stage
+    has only its own layers, and a checkpoint's other layers are the other stages'
+    (a collective under pipeline parallel; empty otherwise)."""
+    if pipeline_stages(strategy) == 1:
+        return {}
+    mine = {name: sorted(target) for name, target in targets.items()
+            if isinstance(state[name], nn.Module)}
+    held: dict[str, set[str]] = {name: set() for name in mine}
+    for theirs in strategy.collective.all_gather_object(mine):
+        for name, keys in theirs.items():
+            held.setdefault(name, set()).update(keys)
+    return {name: keys - set(mine.get(name, ())) for name, keys in held.items()}
+
+
 def _distributed_misfits(metadata: Metadata, targets: Mapping[str, Any],
-                         state: Mapping[str, Any]) -> list[str]:
+                         state: Mapping[str, Any],
+                         elsewhere: Mapping[str, set[str]]) -> list[str]:
     """Why a distributed checkpoint's tensors (as its metadata describes them) do not
-    fit ``targets``, the modules' and optimizers' state dicts they would be read into."""
+    fit ``targets``, the modules' and optimizers' state dicts they would be read into
+    (``elsewhere``: per module, keys that other pipeline stages hold)."""
     saved = metadata.state_dict_metadata
     problems: list[str] = []
 
@@ -666,10 +700,12 @@ def _distributed_misfits(metadata: Metadata, targets: Mapping[str, Any],
                 if isinstance(tensor, torch.Tensor):
                     compare(where, key, f"{name}.{key}", tensor, whose="this model has",
                             dtype=True)
+            others = elsewhere.get(name, set())
             problems += [f"{where}: {flat.removeprefix(name + '.')}: in the checkpoint, "
                          "not in this model" for flat in saved
                          if flat.startswith(f"{name}.") and
-                         flat.removeprefix(f"{name}.") not in target]
+                         flat.removeprefix(f"{name}.") not in target
+                         and flat.removeprefix(f"{name}.") not in others]
         else:
             where = f"optimizer {name!r}"
             for fqn, values in target.get("state", {}).items():

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     FSDPModule,
@@ -24,6 +24,7 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
+from interlock.connector.parallelism import Parallelism
 from interlock.strategies import checkpointing
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.environments import ClusterEnvironment
@@ -48,7 +49,9 @@ StateDictType = Literal["full", "sharded"]
 
 
 class FSDPStrategy(ParallelStrategy):
-    """Fully sharded data parallel over a 1-D device mesh of all ranks.
+    """Fully sharded data parallel: parameters sharded over the ``dp_shard`` ranks,
+    and, with ``parallelism={"dp_replicate": R, ...}``, replicated R times (HSDP: each
+    replica sharded within its group, gradients averaged across replicas).
 
     Args:
         auto_wrap_policy: module classes (or a predicate) whose instances are sharded
@@ -109,7 +112,6 @@ class FSDPStrategy(ParallelStrategy):
         self.state_dict_type: StateDictType = (
             "sharded" if state_dict_type == "sharded" else "full"
         )
-        self._mesh: DeviceMesh | None = None
 
     @property
     def name(self) -> str:
@@ -117,12 +119,17 @@ class FSDPStrategy(ParallelStrategy):
             return self.plan.strategy
         return "fsdp_cpu_offload" if self.cpu_offload else "fsdp"
 
+    def _unplanned_parallelism(self) -> Parallelism:
+        return Parallelism(dp_shard=self.world_size)
+
     @property
-    def device_mesh(self) -> DeviceMesh:
-        """The 1-D mesh of all ranks (after :meth:`setup_environment`)."""
-        if self._mesh is None:
-            raise RuntimeError("FSDPStrategy has no device mesh before setup_environment()")
-        return self._mesh
+    def shard_mesh(self) -> DeviceMesh:
+        """What ``fully_shard`` gets: the 2-D ``(dp_replicate, dp_shard)`` mesh for HSDP
+        (replicas of a sharded model) when dp_replicate > 1, else the 1-D ``dp_shard``
+        mesh."""
+        if int(self.parallelism.dp_replicate) > 1:
+            return self.device_mesh["dp_replicate", "dp_shard"]
+        return self.meshes["dp_shard"]
 
     def setup_environment(self) -> None:
         if self.cpu_offload and self.root_device.type == "cpu":
@@ -131,13 +138,7 @@ class FSDPStrategy(ParallelStrategy):
                 "on the CPU there is nothing to offload: use strategy='fsdp'"
             )
         super().setup_environment()
-        if self._mesh is None:
-            self._mesh = init_device_mesh(self.root_device.type, (self.world_size,),
-                                          mesh_dim_names=("data_parallel",))
-
-    def teardown(self) -> None:
-        self._mesh = None
-        super().teardown()
+        self.meshes  # noqa: B018 - built now, by every rank in step
 
     # ----------------------------------------------------------------- modules
 
@@ -162,7 +163,7 @@ class FSDPStrategy(ParallelStrategy):
         policy = (precision.mixed_precision_policy if isinstance(precision, FSDPPrecision)
                   else None)
         options: dict[str, Any] = {
-            "mesh": self.device_mesh,
+            "mesh": self.shard_mesh,
             "reshard_after_forward": self.reshard_after_forward,
             "mp_policy": policy or MixedPrecisionPolicy(),
         }

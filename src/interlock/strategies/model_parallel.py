@@ -1,4 +1,5 @@
-"""`ModelParallelStrategy`: tensor parallelism and FSDP2 over a 2-D device mesh."""
+"""`ModelParallelStrategy`: a user function parallelises the model over the plan's
+N-D device mesh (pipeline, data, context and tensor parallel)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,23 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 
+from interlock.connector.parallelism import Degree, Parallelism, fill
 from interlock.strategies import checkpointing
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.environments import ClusterEnvironment
 from interlock.strategies.io import CheckpointIO
-from interlock.strategies.mesh import Degree, MeshDegrees
-from interlock.strategies.module_wrapper import unwrap
+from interlock.strategies.module_wrapper import StrategyModule, unwrap
 from interlock.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+from interlock.strategies.pipeline import (
+    SCHEDULES,
+    PipelineRunner,
+    ScheduleName,
+    SplitFn,
+    split_sequential,
+)
 from interlock.strategies.precision import Precision
 from interlock.strategies.sharding import (
     broadcast_from_rank0,
@@ -32,30 +40,38 @@ if TYPE_CHECKING:
     from interlock.strategies.parts import Parts
 
 #: ``parallelize_fn(module, device_mesh) -> module``: applies tensor parallelism
-#: (``torch.distributed.tensor.parallel.parallelize_module`` on
-#: ``device_mesh["tensor_parallel"]``) and/or FSDP2 (``fully_shard`` on
-#: ``device_mesh["data_parallel"]``), in that order
+#: (``parallelize_module`` on ``device_mesh["tp"]``), context parallel, and FSDP2
+#: (``fully_shard`` on ``device_mesh["dp_shard"]``, or the 2-D
+#: ``device_mesh["dp_replicate", "dp_shard"]`` for HSDP), in that order. Under pipeline
+#: parallel it receives this rank's stage.
 ParallelizeFn = Callable[[nn.Module, DeviceMesh], nn.Module]
-
-#: the mesh's dimension names, outermost first
-MESH_DIMS = ("data_parallel", "tensor_parallel")
 
 
 class ModelParallelStrategy(ParallelStrategy):
-    """A user function parallelises the model over a ``(data_parallel, tensor_parallel)``
-    device mesh.
+    """A user function parallelises the model over the plan's device mesh
+    ``(pp, dp_replicate, dp_shard, cp, tp)`` (see ``docs/parallelism.md``).
 
-    Ranks in the same tensor-parallel group see the same batch: shard data by
-    :attr:`data_parallel_rank` over :attr:`data_parallel_size`, not by global rank.
+    Ranks of one tensor-, context- or pipeline-parallel group see the same batch:
+    shard data by :attr:`data_parallel_rank` over :attr:`data_parallel_size`, not by
+    global rank.
 
     Args:
         parallelize_fn: called once per rank in :meth:`setup_module` with the module
-            and the 2-D mesh; returns the parallelised module.
-        data_parallel_size, tensor_parallel_size: mesh degrees, or ``"auto"`` (tensor
-            parallel within a node, data parallel across nodes). Their product must
-            be the world size.
+            (this rank's pipeline stage, under pp > 1) and the full mesh; returns the
+            parallelised module.
+        data_parallel_size, tensor_parallel_size: the older spellings of
+            ``parallelism={"dp_shard": ..., "tp": ...}``, translated by the engine
+            (with a note); both ``"auto"`` keep the default (tensor parallel within a
+            node, sharded data parallel across nodes).
         save_distributed_checkpoint: checkpoints as a distributed directory (True) or
-            one full file gathered on rank 0 (False).
+            one full file gathered on rank 0 (False; not with pipeline parallel, whose
+            stages hold different layers).
+        pipeline_schedule: ``"1F1B"`` or ``"GPipe"`` (torch.distributed.pipelining).
+        pipeline_microbatches: micro-batches per step under pp > 1 (default 2 x pp;
+            1F1B needs at least pp); the batch must divide into them.
+        pipeline_split_fn: ``fn(module, stage, num_stages) -> stage module`` keeping
+            stage ``stage``'s layers under their own names; default: an
+            ``nn.Sequential`` cut into runs of consecutive children.
         backend, timeout: as for every parallel strategy.
     """
 
@@ -69,6 +85,9 @@ class ModelParallelStrategy(ParallelStrategy):
         data_parallel_size: Degree = "auto",
         tensor_parallel_size: Degree = "auto",
         save_distributed_checkpoint: bool = True,
+        pipeline_schedule: ScheduleName = "1F1B",
+        pipeline_microbatches: int | None = None,
+        pipeline_split_fn: SplitFn | None = None,
         accelerator: Accelerator | None = None,
         parallel_devices: Sequence[torch.device | str] | None = None,
         num_nodes: int | None = None,
@@ -88,58 +107,73 @@ class ModelParallelStrategy(ParallelStrategy):
                 f"ModelParallelStrategy(parallelize_fn={parallelize_fn!r}): expected a "
                 "function (module, device_mesh) -> module"
             )
+        if pipeline_schedule not in SCHEDULES:
+            raise ValueError(f"ModelParallelStrategy(pipeline_schedule={pipeline_schedule!r})"
+                             f": expected one of {', '.join(SCHEDULES)}")
+        if pipeline_microbatches is not None and (
+            not isinstance(pipeline_microbatches, int) or isinstance(pipeline_microbatches, bool)
+            or pipeline_microbatches < 1
+        ):
+            raise ValueError(f"ModelParallelStrategy(pipeline_microbatches="
+                             f"{pipeline_microbatches!r}): expected an int >= 1")
         self.parallelize_fn = parallelize_fn
         self._requested = (data_parallel_size, tensor_parallel_size)
+        self.pipeline_schedule = pipeline_schedule
+        self._microbatches = pipeline_microbatches
+        self.pipeline_split_fn = pipeline_split_fn or split_sequential
         if self.parallel_devices:  # checked now when the world is already known
-            self._degrees()
+            self._unplanned_parallelism()
         self.save_distributed_checkpoint = save_distributed_checkpoint
-        self._mesh: DeviceMesh | None = None
+
+    def degree_options(self) -> dict[str, object]:
+        """The older degree options as given (read by the engine, which translates
+        them into the parallelism flag)."""
+        return {"data_parallel_size": self._requested[0],
+                "tensor_parallel_size": self._requested[1]}
 
     def _place(self, parts: Parts) -> None:
         super()._place(parts)
-        self._degrees()  # a split that does not fit the planned world fails at resolve
+        self._check_layout()
 
-    def _degrees(self) -> MeshDegrees:
-        return MeshDegrees.resolve(
-            data_parallel=self._requested[0], tensor_parallel=self._requested[1],
-            world_size=self.world_size, devices_per_node=self.num_processes,
-        )
+    def _unplanned_parallelism(self) -> Parallelism:
+        """Without a plan: the older options, or tensor parallel within a node and
+        sharded data parallel across nodes; checked against the world.
 
-    @property
-    def degrees(self) -> MeshDegrees:
-        """The resolved mesh degrees (``"auto"`` filled in)."""
-        return self._degrees()
+        Raises:
+            ResolutionError: ``invalid-parallelism`` (a ValueError) when they do not fit.
+        """
+        dp, tp = self._requested
+        if dp == "auto" and tp == "auto":
+            requested = Parallelism(tp=self.num_processes)
+        else:
+            requested = Parallelism(dp_shard=dp, tp=tp)
+        nodes = f"{self.num_nodes} node{'s' if self.num_nodes != 1 else ''}"
+        return fill(requested, self.world_size,
+                    where=f"{nodes} x {self.num_processes} devices")
 
-    @property
-    def device_mesh(self) -> DeviceMesh:
-        """The ``(data_parallel, tensor_parallel)`` mesh (after :meth:`setup_environment`)."""
-        if self._mesh is None:
-            raise RuntimeError(
-                "ModelParallelStrategy has no device mesh before setup_environment()"
+    def _check_layout(self) -> None:
+        if int(self.parallelism.pp) > 1 and not self.save_distributed_checkpoint:
+            raise ValueError(
+                "ModelParallelStrategy(save_distributed_checkpoint=False) gathers one full "
+                f"file on rank 0, but under pp={self.parallelism.pp} the pipeline stages "
+                "hold different layers: keep save_distributed_checkpoint=True (a "
+                "distributed checkpoint loads under any layout, single device included)"
             )
-        return self._mesh
 
     @property
-    def data_parallel_size(self) -> int:
-        return self.degrees.data_parallel
+    def degrees(self) -> Parallelism:
+        """The degrees of parallelism (every one an int); :attr:`parallelism`."""
+        return self.parallelism
 
     @property
-    def data_parallel_rank(self) -> int:
-        # mesh coordinates: rank = dp_rank * tp + tp_rank
-        return self.global_rank // self.degrees.tensor_parallel
+    def pipeline_microbatches(self) -> int:
+        """Micro-batches per step under pipeline parallel."""
+        return self._microbatches or 2 * int(self.parallelism.pp)
 
     def setup_environment(self) -> None:
-        degrees = self._degrees()  # refuse a bad split before any process group exists
+        self._check_layout()  # refuse a bad layout before any process group exists
         super().setup_environment()
-        if self._mesh is None:
-            self._mesh = init_device_mesh(
-                self.root_device.type, (degrees.data_parallel, degrees.tensor_parallel),
-                mesh_dim_names=MESH_DIMS,
-            )
-
-    def teardown(self) -> None:
-        self._mesh = None
-        super().teardown()
+        self.meshes  # noqa: B018 - built now, by every rank in step
 
     # ----------------------------------------------------------------- modules
 
@@ -152,6 +186,10 @@ class ModelParallelStrategy(ParallelStrategy):
             )
         on_meta = has_meta_tensors(module)
         broadcast_from_rank0(module)  # one starting point, whatever each rank built
+        pp = int(self.parallelism.pp)
+        stage = self.device_mesh["pp"].get_local_rank()
+        if pp > 1:
+            module = self.pipeline_split_fn(module, stage, pp)
         parallel = self.parallelize_fn(module, self.device_mesh)
         if not isinstance(parallel, nn.Module):
             raise TypeError(
@@ -161,7 +199,38 @@ class ModelParallelStrategy(ParallelStrategy):
         if on_meta:
             with rank0_random_stream(self.root_device):
                 materialize_meta(parallel, self.root_device)
-        return parallel
+        if pp == 1:
+            return parallel
+        if self.pipeline_schedule == "1F1B" and self.pipeline_microbatches < pp:
+            raise ValueError(
+                f"the 1F1B schedule needs at least as many micro-batches as stages: "
+                f"pipeline_microbatches={self.pipeline_microbatches} < pp={pp}"
+            )
+        return PipelineRunner(
+            parallel, stage=stage, num_stages=pp, device=self.root_device,
+            group=self.device_mesh["pp"].get_group(), schedule=self.pipeline_schedule,
+            microbatches=self.pipeline_microbatches,
+            forward_context=self.precision.forward_context,
+        )
+
+    def setup_module(self, module: nn.Module) -> StrategyModule:
+        """As for every strategy; under pp > 1 the returned module's state dict is this
+        rank's stage (the layers of the others are `nn.Identity`)."""
+        wrapped = super().setup_module(module)
+        runner = wrapped.forward_module
+        if isinstance(runner, PipelineRunner) and runner.stage_module is not wrapped.module:
+            return StrategyModule(runner, runner.stage_module, self.precision)
+        return wrapped
+
+    def forward_backward(self, module: nn.Module, inputs: Any, target: Any,
+                         loss_fn: Callable[[Any, Any], torch.Tensor]) -> torch.Tensor:
+        """One training step's forward and backward; under pp > 1 through the
+        pipeline schedule over :attr:`pipeline_microbatches` micro-batches."""
+        runner = unwrap_runner(module)
+        if runner is None:
+            return super().forward_backward(module, inputs, target, loss_fn)
+        inputs = self.precision.convert_input(inputs)
+        return runner.step(inputs, target, loss_fn)
 
     @contextlib.contextmanager
     def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> Iterator[None]:
@@ -188,3 +257,9 @@ class ModelParallelStrategy(ParallelStrategy):
                         *, weights_only: bool = True, verify: bool = True) -> dict[str, Any]:
         """Load a distributed checkpoint directory (any mesh) or a full file."""
         return checkpointing.load(self, path, state, weights_only=weights_only, verify=verify)
+
+
+def unwrap_runner(module: nn.Module) -> PipelineRunner | None:
+    """The pipeline runner inside a module ``setup_module`` returned, if any."""
+    forward = getattr(module, "forward_module", module)
+    return forward if isinstance(forward, PipelineRunner) else None

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 
+from interlock.connector.parallelism import MeshLayout, Parallelism
 from interlock.connector.parts_registry import accelerator_rows
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.base import Strategy
@@ -23,6 +24,9 @@ from interlock.strategies.precision import Precision
 from interlock.strategies.uneven import ReturnWatch
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from interlock.strategies.mesh import Meshes
     from interlock.strategies.parts import Parts
 
 #: Process-group timeout unless the strategy is given one: long enough for slow
@@ -113,6 +117,7 @@ class ParallelStrategy(Strategy):
         self._collective = TorchCollective()
         self._exported: dict[str, str | None] | None = None
         self._return_watch: ReturnWatch | None = None
+        self._meshes: Meshes | None = None
 
     def _place(self, parts: Parts) -> None:
         # what the constructor was not given follows the (latest) plan
@@ -164,6 +169,58 @@ class ParallelStrategy(Strategy):
     def root_device(self) -> torch.device:
         return self.parallel_devices[self.local_rank]
 
+    # ----------------------------------------------------------------- the mesh
+
+    @property
+    def parallelism(self) -> Parallelism:
+        """The degrees of parallelism, every one an int: the plan's, or, for a strategy
+        built without one, :meth:`_unplanned_parallelism`."""
+        if self.plan is not None:
+            return self.plan.parallelism
+        return self._unplanned_parallelism()
+
+    def _unplanned_parallelism(self) -> Parallelism:
+        """The degrees when no plan says: replicated data parallel over the world."""
+        return Parallelism(dp_replicate=self.world_size, dp_shard=1)
+
+    @property
+    def mesh_layout(self) -> MeshLayout:
+        """The device mesh's dimensions (outermost first) and sizes."""
+        return MeshLayout.of(self.parallelism)
+
+    @property
+    def meshes(self) -> Meshes:
+        """The device mesh and its flattened groups by name (``"tp"``, ``"dp"``,
+        ``"dp_shard_cp"``, ...), built on first use after :meth:`setup_environment`
+        (a collective: every rank must ask, in the same order)."""
+        if self._meshes is None:
+            if not self._collective.owns_group:
+                raise NotSetUpError(
+                    f"{type(self).__name__} has no device mesh before setup_environment() "
+                    "(launch() calls it in every process it starts)"
+                )
+            from interlock.strategies.mesh import build_meshes
+
+            self._meshes = build_meshes(self.root_device.type, self.mesh_layout)
+        return self._meshes
+
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        """The ``(pp, dp_replicate, dp_shard, cp, tp)`` device mesh; flattened groups
+        through :attr:`meshes`."""
+        return self.meshes.root
+
+    @property
+    def data_parallel_size(self) -> int:
+        """dp_replicate x dp_shard: the ranks that see different batches."""
+        return self.parallelism.data_parallel
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """This rank's place in the data-loading group ``dp`` (ranks of one
+        tensor-, context- or pipeline-parallel group share it)."""
+        return self.mesh_layout.flattened("dp", self.global_rank)[0]
+
     def setup_environment(self) -> None:
         if self._collective.owns_group:
             return  # set up already: idempotent
@@ -208,6 +265,7 @@ class ParallelStrategy(Strategy):
         os.environ.update(values)
 
     def teardown(self) -> None:
+        self._meshes = None
         if self._return_watch is not None:
             self._return_watch.stop()
             self._return_watch = None

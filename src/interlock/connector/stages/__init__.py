@@ -12,6 +12,8 @@ input to a frozen result (or a `ResolutionError`):
   `strategy.StrategyChoice`;
 - precision: `precision.choose_precision`, `precision.PrecisionInput` to
   `precision.PrecisionChoice`;
+- parallelism: `parallelism.choose_parallelism`, `parallelism.ParallelismInput` to
+  `parallelism.ParallelismChoice`;
 - plugins: `plugins.choose_plugins`, `plugins.PluginsInput` to `plugins.PluginsChoice`.
 
 `interlock.connector.planner.plan` chains them; `interlock.matrix.evaluate` calls the
@@ -26,6 +28,7 @@ from interlock.connector.stages.accelerator import ACCELERATOR_STAGE
 from interlock.connector.stages.cluster import CLUSTER_STAGE
 from interlock.connector.stages.devices import DEVICES_STAGE
 from interlock.connector.stages.flags import FLAGS_STAGE
+from interlock.connector.stages.parallelism import PARALLELISM_STAGE
 from interlock.connector.stages.plugins import PLUGINS_STAGE
 from interlock.connector.stages.precision import PRECISION_STAGE
 from interlock.connector.stages.strategy import STRATEGY_STAGE
@@ -38,6 +41,7 @@ STAGES: tuple[Stage[Any], ...] = (
     CLUSTER_STAGE,
     STRATEGY_STAGE,
     PRECISION_STAGE,
+    PARALLELISM_STAGE,
     PLUGINS_STAGE,
 )
 

@@ -1,4 +1,4 @@
-"""Stage 7, plugins: wire the remaining plugins (the checkpoint IO).
+"""Stage 8, plugins: wire the remaining plugins (the checkpoint IO).
 
 A registered checkpoint IO row gets a ``plugins/checkpoint-io-<name>`` rule (taken when
 the accelerator's row names it) just before ``plugins/checkpoint-io-torch``.
