@@ -62,6 +62,43 @@ def test_a_killed_rank_is_restarted_and_launch_returns_the_finished_attempt(
     assert ATTEMPT_ENV not in os.environ  # the launching process is left as it was
 
 
+class _Exited:
+    def __init__(self, exitcode: int | None) -> None:
+        self.exitcode = exitcode
+
+    def is_alive(self) -> bool:
+        return self.exitcode is None
+
+
+class _Context:
+    """What the launcher's join sees: rank 0 recorded the peer's lost connection, rank 1
+    died by SIGKILL, and torch has not noticed the exit yet."""
+
+    def __init__(self) -> None:
+        self.processes = [_Exited(None), _Exited(-signal.SIGKILL)]
+
+    def join(self, timeout: float) -> bool:
+        return False
+
+
+def test_a_rank_killed_by_a_signal_is_the_cause_even_when_a_peer_recorded_first(
+        tmp_path: Path) -> None:
+    """The order the launcher learns of them in is a race (under load the peer's
+    "connection closed" is often recorded before torch notices the killed process)."""
+    from interlock.strategies.launchers.base import record_failure
+    from interlock.strategies.launchers.multiprocessing import _join
+
+    try:
+        raise RuntimeError("gloo: Connection closed by peer")
+    except RuntimeError as error:
+        record_failure(tmp_path / "rank0.json", error)
+    with pytest.raises(RankFailedError) as info:
+        _join(_Context(), 0, str(tmp_path), grace=0.1)
+    assert info.value.rank == 1
+    assert "process 1 terminated with signal SIGKILL" in str(info.value)
+    assert "(rank 0 failed after it)" in str(info.value)
+
+
 @pytest.mark.timeout(180)
 def test_without_restarts_the_first_failure_is_raised_as_before() -> None:
     built = interlock.resolve(accelerator="cpu", devices=2, strategy="ddp_fork")

@@ -177,7 +177,13 @@ def _join(context: Any, first_rank: int, errors: str, grace: float = 2.0) -> Non
                 # group freed after a timed-out collective can deadlock the interpreter's
                 # exit), so do not wait for its exit code; the caller stops the workers.
                 _settle(context, grace)
-                raise root_cause(read_failures(errors))
+                failures = read_failures(errors)
+                killed = _killed_silently(context, first_rank, failures)
+                if killed is not None:
+                    # a peer killed by a signal (SIGKILL, the OOM killer) before torch
+                    # noticed its exit: the recorded errors are its consequences
+                    raise _killed_first(killed, failures)
+                raise root_cause(failures)
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
         # torch reports the first process it noticed, not the first that failed: give
         # the others a moment to record theirs, then name the earliest.
@@ -204,6 +210,32 @@ def _join(context: Any, first_rank: int, errors: str, grace: float = 2.0) -> Non
         if getattr(exc, "exit_code", None) == PREEMPTED_EXIT_CODE:
             raise Preempted() from None  # the ranks stopped together on a signal
         raise RankFailedError(first_rank + int(exc.error_index), str(exc)) from None
+
+
+def _killed_silently(context: Any, first_rank: int,
+                     failures: dict[int, Any]) -> tuple[int, int, int] | None:
+    """``(rank, process index, signal)`` of the lowest worker that a signal ended
+    without a recorded failure (nothing here has stopped a worker yet), or None."""
+    for index, process in enumerate(context.processes):
+        code = process.exitcode
+        rank = first_rank + index
+        if code is not None and code < 0 and rank not in failures:
+            return rank, index, -code
+    return None
+
+
+def _killed_first(killed: tuple[int, int, int],
+                  failures: dict[int, Any]) -> RankFailedError:
+    """The failure of a rank a signal killed, the recorded ones named as after it."""
+    rank, index, number = killed
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = f"signal {number}"
+    others = sorted(failures)
+    return RankFailedError(rank, f"process {index} terminated with signal {name}"
+                           f"\n(rank{'s' if len(others) > 1 else ''} "
+                           f"{', '.join(map(str, others))} failed after it)")
 
 
 def _settle(context: Any, grace: float) -> None:
