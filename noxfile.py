@@ -83,13 +83,13 @@ def matrix(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Side-by-side measurements: plan() latency and import cost vs Lightning's
     connector; DDP step time, launch latency and resolve() vs raw torch and Fabric;
-    blocking against asynchronous checkpoint saves.
+    blocking against asynchronous checkpoint saves; an FSDP x TP step vs raw torch.
 
     Lightning lives only in this session's environment, never in interlock's
     dependencies. ``nox -s bench -- plan ARGS`` (or ``runtime``, ``fsdp``,
-    ``checkpoint``) runs one script with its own arguments; without arguments those
-    four run with their defaults. ``-- cold-plan --before REV`` compares cold plan()
-    with a revision.
+    ``checkpoint``, ``parallelism``) runs one script with its own arguments; without
+    arguments those five run with their defaults. ``-- cold-plan --before REV``
+    compares cold plan() with a revision.
     """
     session.install(TORCH)
     session.install("-r", "benchmarks/requirements.txt", TORCH)
@@ -103,11 +103,14 @@ def bench(session: nox.Session) -> None:
         session.run("python", "benchmarks/bench_fsdp.py", *rest)
     if which in ("", "checkpoint"):
         session.run("python", "benchmarks/bench_checkpoint.py", *rest)
+    if which in ("", "parallelism"):
+        session.run("python", "benchmarks/bench_parallelism.py", *rest)
     if which == "cold-plan":  # needs --before REV: not part of the default run
         session.run("python", "benchmarks/bench_cold_plan.py", *rest)
-    if which not in ("", "plan", "runtime", "fsdp", "checkpoint", "cold-plan"):
+    if which not in ("", "plan", "runtime", "fsdp", "checkpoint", "parallelism",
+                     "cold-plan"):
         session.error(f"unknown benchmark {which!r}: use 'plan', 'runtime', 'fsdp', "
-                      "'checkpoint' or 'cold-plan'")
+                      "'checkpoint', 'parallelism' or 'cold-plan'")
 
 
 @nox.session(python=PYTHON)
@@ -248,6 +251,14 @@ def cluster(session: nox.Session) -> None:
     if os.name == "posix" and os.geteuid() == 0 and shutil.which("apt-get"):
         session.run("bash", "tests/cluster/services.sh", "install", external=True)
     session.run("pytest", "-m", "cluster", "--typeguard-packages=interlock", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def slow(session: nox.Session) -> None:
+    """The slow tier: layouts of more ranks than cores (a 3-D pp x dp_shard x tp mesh
+    on 8 CPU ranks), left out of the default run."""
+    _install(session, "test")
+    session.run("pytest", "-m", "slow", "--typeguard-packages=interlock", *session.posargs)
 
 
 #: runs the soak makes unless told otherwise (each is one faulted training launch)

@@ -89,11 +89,11 @@ def parallelize(module: nn.Module, mesh: DeviceMesh) -> nn.Module:
         parallelize_module,
     )
 
-    if mesh["tensor_parallel"].size() > 1:
-        parallelize_module(module, mesh["tensor_parallel"],
+    if mesh["tp"].size() > 1:
+        parallelize_module(module, mesh["tp"],
                            {"0": ColwiseParallel(), "2": RowwiseParallel()})
-    if mesh["data_parallel"].size() > 1:
-        fully_shard(module, mesh=mesh["data_parallel"])
+    if mesh["dp_shard"].size() > 1:
+        fully_shard(module, mesh=mesh["dp_shard"])
     return module
 
 

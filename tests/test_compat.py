@@ -15,6 +15,7 @@ from interlock.connector.registry import unregister_strategy
 from interlock.connector.specs import StrategySpec
 from interlock.connector.tables import PRECISION_NAMES
 from interlock.matrix import compat
+from interlock.matrix import parallelism as par
 from interlock.matrix.compat import (
     DOCS_DIR,
     ENVIRONMENTS,
@@ -608,6 +609,172 @@ def test_main_writes_both_files(tmp_path: Path) -> None:
         report=None)
     assert (tmp_path / HTML_PATH).read_text(encoding="utf-8") == render_html(report=None)
     assert not list((tmp_path / "docs").glob("*.tmp"))
+
+
+# --------------------------------------------------------------------------- parallelism
+
+
+def _direct_parallelism(setting: par.Setting, layout: par.NamedLayout,
+                        strategy: str) -> tuple[str, str, tuple[str, ...]]:
+    """(what the cell must show, the refusal's reason or "", the plan's notes), straight
+    from interlock.plan."""
+    try:
+        result = interlock.plan(
+            strategy=strategy, devices=setting.devices, num_nodes=setting.num_nodes,
+            precision="32-true", machine=profile_named(setting.profile).machine,
+            parallelism=None if layout.flag is None else dict(layout.flag))
+    except interlock.ResolutionError as error:
+        return error.code, error.reason, ()
+    shown = "·".join(f"{d}{n}" for d, n in zip(result.mesh.dims, result.mesh.shape,
+                                                strict=True) if n != 1)
+    assert result.parallelism.world_size == result.world_size == setting.world_size
+    return shown or "one rank", "", result.notes
+
+
+def _parallelism_profiles(markdown: str) -> dict[str, str]:
+    """profile -> its subsection of the Parallelism section."""
+    section = _md_section(markdown, "Parallelism")
+    parts = section.split("\n### Profile `")[1:]
+    return {part.split("`", 1)[0]: part for part in parts}
+
+
+def _parallelism_table(section: str) -> tuple[list[str], dict[str, list[str]]]:
+    header, rows = _table(section)
+    assert header[0] == "layout"
+    return header[1:], rows
+
+
+def _stands_for(section: str) -> dict[str, str]:
+    """strategy -> the column that stands for it."""
+    found: dict[str, str] = {}
+    flat = " ".join(section.split("\nNotes:\n", 1)[0].split())
+    for column, names in re.findall(r"`([^`]+)` also stands for ((?:`[^`]+`(?:, )?)+)\.",
+                                    flat):
+        for name in re.findall(r"`([^`]+)`", names):
+            found[name] = column
+    return found
+
+
+def _collapsed_columns(section: str) -> dict[str, str]:
+    """strategy -> the "code + note" of the line that lists it under the table."""
+    found: dict[str, str] = {}
+    text = section.split("refused for one reason in every row.", 1)
+    if len(text) == 1:
+        return found
+    items = re.split(r"\n- ", "\n" + text[1].split("\n\n", 2)[1])
+    for item in filter(None, items):
+        names, _, outcome = " ".join(item.split()).rpartition(" — every layout: ")
+        for name in re.findall(r"`([^`]+)`", names):
+            found[name] = outcome.replace("`", "")
+    return found
+
+
+def _parallelism_cell(section: str, layout: str, strategy: str) -> str:
+    """What a profile's table shows for a strategy and a layout (by name)."""
+    columns, rows = _parallelism_table(section) if "\n|" in section else ([], {})
+    column = _stands_for(section).get(strategy, strategy)
+    if column in columns:
+        return rows[layout][columns.index(column)]
+    collapsed = _collapsed_columns(section)
+    assert strategy in collapsed, f"{strategy} is neither a column nor listed"
+    return collapsed[strategy]
+
+
+def test_parallelism_cells_say_what_plan_says(markdown: str) -> None:
+    """Every cell of the section, and the note it points to, is plan()'s answer."""
+    profiles = _parallelism_profiles(markdown)
+    assert list(profiles) == [s.profile for s in par.SETTINGS]
+    names = [s.name for s in par.strategies()]
+    assert names[:2] == ["ddp", "fsdp"] and "model_parallel" in names
+    assert "deepspeed_stage_3" in names and "ddp_spawn" not in names
+    for setting in par.SETTINGS:
+        section = profiles[setting.profile]
+        notes = _notes(section)
+        for layout in par.LAYOUTS:
+            for strategy in names:
+                expected, reason, plan_notes = _direct_parallelism(setting, layout, strategy)
+                cell, note = _split_note(_parallelism_cell(section, layout.name, strategy))
+                where = f"{setting.profile}/{layout.name}/{strategy}"
+                assert cell == expected, f"{where}: shows {cell!r}, plan() says {expected!r}"
+                if reason:
+                    assert note is not None, where
+                    assert notes[note] in (
+                        f"`{expected}`: {reason}",
+                        f"`{expected}`: {compat.name_template(reason, strategy)}"), where
+                elif plan_notes:
+                    assert note is not None, where
+                    assert notes[note] == ("resolves, and the plan notes: "
+                                           + "; ".join(plan_notes)), where
+                else:
+                    assert note is None, where
+
+
+def test_parallelism_data_is_plans_answer() -> None:
+    for table in par.compute():
+        for layout, cells in table.rows:
+            for spec, answer in zip(table.strategies, cells, strict=True):
+                expected, reason, notes = _direct_parallelism(table.setting, layout,
+                                                              spec.name)
+                shown = answer.shape() if answer.ok else answer.code
+                assert (shown, answer.reason, answer.notes) == (expected, reason, notes)
+
+
+@pytest.mark.parametrize(
+    ("profile", "layout", "strategy", "expected"),
+    [
+        ("cuda-8-extras", "HSDP 2 x 4", "fsdp", "dp_replicate2·dp_shard4"),
+        ("cuda-8-extras", "not given", "model_parallel", "tp8"),
+        ("cuda-8-extras", "PP 2 x FSDP 2 x TP 2", "model_parallel", "pp2·dp_shard2·tp2"),
+        ("cuda-8-extras", "CP 2, FSDP over the rest", "model_parallel", "dp_shard4·cp2"),
+        ("cuda-8-extras", "TP 3", "model_parallel", "invalid-parallelism"),
+        ("cuda-8-extras", "TP 8", "fsdp", "unsupported-parallelism"),
+        ("cuda-8-extras", "DDP", "ddp", "dp_replicate8"),
+        ("slurm-2x4", "not given", "model_parallel", "dp_shard2·tp4"),
+        ("slurm-2x4", "TP 8", "model_parallel", "tp8"),
+        ("slurm-2x4", "FSDP over all", "deepspeed", "missing-package"),
+        ("cpu-laptop", "CP 2, FSDP over the rest", "model_parallel", "unsupported-parallelism"),
+        ("cpu-laptop", "HSDP 2 x 4", "fsdp", "invalid-parallelism"),
+        ("cpu-laptop", "TP 2, FSDP over the rest", "model_parallel", "dp_shard2·tp2"),
+        ("cpu-laptop", "DDP", "fsdp_cpu_offload", "unsupported-accelerator"),
+    ],
+)
+def test_parallelism_cells(markdown: str, profile: str, layout: str, strategy: str,
+                           expected: str) -> None:
+    section = _parallelism_profiles(markdown)[profile]
+    assert _split_note(_parallelism_cell(section, layout, strategy))[0] == expected
+
+
+def test_parallelism_section_notes_and_links(markdown: str) -> None:
+    section = _md_section(markdown, "Parallelism")
+    assert "[parallelism.md](parallelism.md)" in section
+    for layout in par.LAYOUTS:
+        assert f"**{layout.name}**: " in section
+    assert '`parallelism={"dp_replicate": 2, "dp_shard": 4}`' in section
+    slurm = _parallelism_profiles(markdown)["slurm-2x4"]
+    note = _split_note(_parallelism_cell(slurm, "TP 8", "model_parallel"))[1]
+    assert note is not None
+    assert "tensor-parallel groups span nodes" in _notes(slurm)[note]
+    cpu = _parallelism_profiles(markdown)["cpu-laptop"]
+    note = _split_note(_parallelism_cell(cpu, "CP 2, FSDP over the rest", "model_parallel"))[1]
+    assert note is not None and _notes(cpu)[note].startswith(
+        "`unsupported-parallelism`: cp=2 on cpu: ")
+    for part in _parallelism_profiles(markdown).values():
+        notes = _notes(part)
+        assert len(set(notes.values())) == len(notes), f"a note repeats: {notes}"
+    page = render_html(report=None)
+    assert "<h2>Parallelism</h2>" in page and '<a href="parallelism.md">' in page
+    assert '<td class="declared">pp2·<wbr>dp_shard2·<wbr>tp2</td>' in page
+    assert re.search(r'<td class="declared" title="tp=8 is more than[^"]*">tp8<sup><a '
+                     r'href="#par-slurm-2x4-\d+">', page)
+
+
+def test_name_template() -> None:
+    assert compat.name_template("fsdp cannot run tp=2", "fsdp") == "{strategy} cannot run tp=2"
+    assert compat.name_template("fsdp_cpu_offload cannot run", "fsdp") == (
+        "fsdp_cpu_offload cannot run")
+    assert compat.name_template("'deepspeed' needs deepspeed (pip install deepspeed)",
+                                "deepspeed") == (
+        "'{strategy}' needs deepspeed (pip install deepspeed)")
 
 
 # --------------------------------------------------------------------------- doctor

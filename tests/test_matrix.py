@@ -11,8 +11,17 @@ import pytest
 import interlock
 from interlock import ResolutionError
 from interlock.matrix import FLAG_SPACE, PROFILES, evaluate, outcome_of, profile_named
+from interlock.matrix import parallelism as par
 from interlock.matrix.evaluate import show
-from interlock.matrix.lock import LOCK_PATH, differences, outcomes, parse, render
+from interlock.matrix.lock import (
+    LOCK_PATH,
+    differences,
+    outcomes,
+    parallelism_differences,
+    parse,
+    parse_parallelism,
+    render,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,8 +76,11 @@ def test_cells_match_plan(profile: Any) -> None:
 
 @pytest.mark.timeout(400)  # the fixture evaluates 756,000 cells (under typeguard in CI)
 def test_the_lock_round_trips(current: dict[Any, str]) -> None:
-    text = render(cells=current)
+    layouts = par.outcomes()
+    text = render(cells=current, parallelism=layouts)
     assert parse(text) == current
+    assert parse_parallelism(text) == layouts
+    assert list(parse_parallelism(text)) == list(layouts), "the section keeps table order"
     assert len(text) < 4_000_000, f"the lock file grew to {len(text)} bytes"
 
 
@@ -88,4 +100,42 @@ def test_differences_read_well() -> None:
     assert differences(before, after) == [
         "p: accelerator=cpu devices=2 strategy=ddp precision=32-true num_nodes=1: "
         "ok ddp subprocess local 2 32-true -> invalid-devices devices"
+    ]
+
+
+def test_the_committed_lock_pins_the_parallelism_section() -> None:
+    committed = parse_parallelism((ROOT / LOCK_PATH).read_text(encoding="utf-8"))
+    current = par.outcomes()
+    assert len(current) == (len(par.SETTINGS) * len(par.LAYOUTS) * len(par.strategies()))
+    changed = parallelism_differences(committed, current)
+    assert not changed, (
+        "the engine's parallelism answers differ from matrix.lock; if the change is "
+        "intended, run `nox -s matrix -- --update` and commit the file. Changed cells:\n"
+        + "\n".join(changed)
+    )
+
+
+def test_parallelism_lock_tokens_are_plans_answers() -> None:
+    for (profile, layout_key, strategy), token in par.outcomes().items():
+        setting = next(s for s in par.SETTINGS if s.profile == profile)
+        layout = next(lay for lay in par.LAYOUTS if lay.key == layout_key)
+        try:
+            result = interlock.plan(
+                strategy=strategy, devices=setting.devices, num_nodes=setting.num_nodes,
+                machine=profile_named(profile).machine,
+                parallelism=None if layout.flag is None else dict(layout.flag))
+        except ResolutionError as error:
+            assert token == f"{error.code} {error.flag}"
+            continue
+        degrees = ",".join(f"{d}={n}" for d, n in result.parallelism.degrees().items()
+                           if n != 1)
+        assert token == f"ok {degrees}"
+
+
+def test_parallelism_differences_read_well() -> None:
+    before = {("cuda-8", "tp-8", "fsdp"): "ok tp=8"}
+    after = {("cuda-8", "tp-8", "fsdp"): "unsupported-parallelism parallelism"}
+    assert parallelism_differences(before, after) == [
+        "cuda-8: parallelism layout tp-8 strategy=fsdp: ok tp=8 -> "
+        "unsupported-parallelism parallelism"
     ]

@@ -96,6 +96,18 @@ def _legacy(**options: object) -> Any:
     return StandInModelParallel(**options)  # type: ignore[arg-type]
 
 
+def test_a_strategy_with_one_layout_accepts_a_flag_that_asks_for_it() -> None:
+    """DeepSpeed shards over every rank and nothing else: asking for exactly that is
+    fine, asking for anything else is refused."""
+    machine = Machine(cuda_devices=8, packages=frozenset({"deepspeed"}))
+    for flag in ({}, {"dp_shard": "auto"}, "dp_shard=8"):
+        assert plan(strategy="deepspeed", machine=machine,
+                    parallelism=flag).parallelism == Parallelism(dp_shard=8), flag
+    with pytest.raises(ResolutionError, match="'deepspeed' cannot run dp_replicate=8"):
+        plan(strategy="deepspeed", machine=machine,
+             parallelism={"dp_replicate": "auto", "dp_shard": 1})
+
+
 def test_row_defaults() -> None:
     def degrees(strategy: str, **flags: Any) -> Parallelism:
         return plan(strategy=strategy, machine=EIGHT_GPUS, **flags).parallelism
@@ -168,8 +180,9 @@ def test_every_plan_multiplies_to_the_world_and_every_refusal_has_a_code(
     assert math.prod(p.mesh.shape) == p.parallelism.world_size == p.world_size
     assert p.mesh.dims == DIMS
     spec = p.spec
+    own = {d for d, v in spec.default_parallelism.items() if v != 1}
     for dim in DIMS:
-        if dim not in spec.parallel_dims:
+        if dim not in spec.parallel_dims | own:
             assert getattr(p.parallelism, dim) == 1, (dim, p.parallelism)
     if nodes > 1 and int(p.parallelism.tp) <= devices:
         assert devices % int(p.parallelism.tp) == 0

@@ -19,6 +19,7 @@ import interlock
 from interlock.connector.builtin import BUILTIN_STRATEGIES
 from interlock.connector.registry import strategy_specs
 from interlock.strategies.ddp import DDPStrategy
+from interlock.strategies.model_parallel import ModelParallelStrategy
 from interlock.strategies.module_wrapper import unwrap
 
 T = TypeVar("T")
@@ -200,4 +201,33 @@ def _register() -> None:
         ))
 
 
+class MeshIgnoresTensorParallel(ModelParallelStrategy):
+    """data_parallel_rank counts every rank as its own replica: tensor-parallel
+    neighbours read different batches."""
+
+    @property
+    def data_parallel_rank(self) -> int:
+        return self.global_rank % self.data_parallel_size
+
+
+#: broken strategies of the model-parallel family (their bugs show on a mesh)
+BROKEN_MESH: dict[str, type[ModelParallelStrategy]] = {
+    "broken_mesh_ignores_tp": MeshIgnoresTensorParallel,
+}
+
+
+def _register_mesh() -> None:
+    for name, cls in BROKEN_MESH.items():
+        if name in strategy_specs():
+            continue
+        interlock.register_strategy(interlock.StrategySpec(
+            name=name, factory=f"{__name__}:{cls.__name__}",
+            description=f"deliberately broken: {cls.__doc__}", family="model_parallel",
+            accelerators=frozenset({"cpu"}), precisions=frozenset({"32-true"}),
+            launcher="fork", parallel_dims=frozenset({"dp_shard", "tp"}),
+            default_parallelism={"tp": "node", "dp_shard": "auto"},
+        ))
+
+
 _register()
+_register_mesh()

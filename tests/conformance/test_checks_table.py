@@ -16,7 +16,15 @@ from typing import Any
 
 import pytest
 
-from interlock.conformance import checks, declaration, docs, driver, launch_checks, reference
+from interlock.conformance import (
+    checks,
+    declaration,
+    docs,
+    driver,
+    launch_checks,
+    mesh_checks,
+    reference,
+)
 from interlock.conformance.cases import cases_for
 from interlock.conformance.runners import RUNNERS
 from interlock.conformance.table import (
@@ -29,12 +37,13 @@ from interlock.conformance.table import (
     skip_reason,
 )
 from interlock.connector import registry
+from interlock.connector.parallelism import DIMS
 from interlock.connector.registry import strategy_specs
 from interlock.connector.tables import ACCELERATORS, PRECISION_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the modules that hold check functions (``check_*``)
-CHECK_MODULES: tuple[ModuleType, ...] = (checks, launch_checks, declaration)
+CHECK_MODULES: tuple[ModuleType, ...] = (checks, launch_checks, declaration, mesh_checks)
 
 
 def _functions(check: Check) -> list[Callable[..., None]]:
@@ -140,8 +149,39 @@ def test_every_check_applies_somewhere() -> None:
         admitted = [(p, w) for p in PRECISION_NAMES for w in range(1, 5)
                     if skip_reason(check, capabilities=capabilities,
                                    precision=p if check.per_precision else None,
-                                   world_size=w) is None]
+                                   world_size=w, parallel_dims=frozenset(DIMS)) is None]
         assert admitted, f"{check.id} applies at no precision and world size"
+
+
+def test_each_mesh_check_runs_a_layout_of_its_dimension_on_four_ranks() -> None:
+    everything = frozenset(DIMS)
+    assert mesh_checks.layout_for(everything, "tp") == {
+        "pp": 1, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 2}
+    assert mesh_checks.layout_for(everything, "dp_shard") == {
+        "pp": 1, "dp_replicate": 2, "dp_shard": 2, "cp": 1, "tp": 1}
+    assert mesh_checks.layout_for(frozenset({"dp_replicate"}), "dp_replicate") == {
+        "pp": 1, "dp_replicate": 4, "dp_shard": 1, "cp": 1, "tp": 1}
+    by_id = {check.id: check for check in CHECKS}
+    why = skip_reason(by_id["mesh_tp"], capabilities=frozenset(), precision=None,
+                      world_size=2, parallel_dims=frozenset({"dp_replicate"}))
+    assert why == ("the strategy does not declare the 'tp' dimension "
+                   "(StrategySpec.parallel_dims)")
+
+
+def test_a_mesh_seen_wrongly_is_described_rank_by_rank() -> None:
+    from interlock.connector.parallelism import MeshLayout, Parallelism
+
+    layout = MeshLayout.of(Parallelism(dp_shard=2, tp=2))
+    right = [{"rank": r, "coords": layout.coordinates(r),
+              "flattened": {n: list(layout.flattened(n, r)) for n in
+                            ("dp", "dp_shard_cp", "dp_cp")},
+              "data": list(layout.flattened("dp", r))} for r in range(4)]
+    assert mesh_checks._mesh_problems({"ranks": right}, layout) == []
+    wrong = [dict(seen) for seen in right]
+    wrong[1]["data"] = [1, 2]  # rank 1 reads the next shard, not its tp neighbour's
+    problems = mesh_checks._mesh_problems({"ranks": wrong}, layout)
+    assert problems == ["rank 1 reads data shard (1, 2) (rank, size), expected (0, 2)"]
+    assert "not every rank's view" in mesh_checks._mesh_problems(None, layout)[0]
 
 
 def test_a_misdeclared_row_is_refused() -> None:
@@ -251,10 +291,13 @@ def test_the_driver_runs_every_launch_check_and_each_driver_half(tmp_path: Path,
                                                                ) -> None:
     calls: list[str] = []
     monkeypatch.setattr(driver, "CHECKS", _recording(calls))
-    spec = strategy_specs()["ddp"]
+    spec = strategy_specs()["model_parallel"]  # declares every capability and dimension
+    assert {c.capability for c in CHECKS if c.capability} <= spec.capabilities | {
+        "engine_gradients", "parameter_offload"}
     ctx = launch_checks.LaunchContext(
         strategy=_Strategy(), spec=spec, world_size=2, workdir=tmp_path,
-        resolve=lambda precision, devices: None, environ_before={},
+        resolve=lambda precision, devices: None,
+        resolve_layout=lambda precision, devices, layout: None, environ_before={},
         passed=reference.model(), passed_before={})
     records = driver.run_driver_checks(ctx)
     launch = [c.id for c in CHECKS if isinstance(c.runs, InDriver)]
@@ -280,7 +323,8 @@ def test_a_driver_half_that_fails_fails_its_check_only(tmp_path: Path,
     monkeypatch.setattr(driver, "CHECKS", rows)
     ctx = launch_checks.LaunchContext(
         strategy=_Strategy(), spec=strategy_specs()["ddp"], world_size=2, workdir=tmp_path,
-        resolve=lambda precision, devices: None, environ_before={},
+        resolve=lambda precision, devices: None,
+        resolve_layout=lambda precision, devices, layout: None, environ_before={},
         passed=reference.model(), passed_before={})
     records = [{"precision": "*", "check": c.id, "status": "passed", "message": "rank 1: ok"}
                for c in CHECKS if isinstance(c.runs, InRanks)]

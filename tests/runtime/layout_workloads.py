@@ -125,3 +125,22 @@ def misuse_pipeline(strategy: ParallelStrategy, path: str) -> dict[str, str]:
     except CheckpointLoadError as error:
         said["load"] = str(error)
     return said
+
+
+def train_reference(strategy: ParallelStrategy, steps: int) -> dict[str, torch.Tensor]:
+    """The conformance suite's model, batches and optimizer, through
+    ``forward_backward`` in the strategy's precision; every rank's parameters merged,
+    as float32."""
+    from interlock.conformance import reference
+
+    net = strategy.setup_module(reference.model())
+    opt = strategy.setup_optimizer(
+        torch.optim.SGD(net.parameters(), lr=reference.LR, momentum=0.9))
+    for step in range(steps):
+        x, y = reference.batch(step)
+        x, y = strategy.batch_to_device((share(x, strategy), share(y, strategy)))
+        strategy.forward_backward(
+            net, x, y, lambda out, target: nn.functional.mse_loss(out.float(), target))
+        strategy.optimizer_step(opt)
+        opt.zero_grad()
+    return _merged(strategy, {k: v.float() for k, v in full(net.state_dict()).items()})

@@ -58,6 +58,28 @@ def test_training_matches_one_plain_process(layout: str) -> None:
         assert tuple(seen["data"]) == expected.flattened("dp", rank), (layout, rank)
 
 
+def _declared(layout: str) -> list[str]:
+    """The precisions the layout's strategy row declares on the CPU, 32-true first."""
+    spec = interlock.strategy_specs()[LAYOUTS[layout][0]]
+    return sorted(spec.precisions_on("cpu"), key=lambda p: (p != "32-true", p))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("layout", "precision"), [
+    (layout, precision) for layout in LAYOUTS for precision in _declared(layout)
+    if precision != "32-true"])
+def test_every_declared_precision_matches_one_plain_process(layout: str,
+                                                             precision: str) -> None:
+    """The rows' other precisions on each layout, against the conformance suite's
+    single-process reference in that precision (its tolerance for the compute dtype)."""
+    from interlock.conformance import reference
+
+    strategy = resolve(layout, precision=precision)
+    got = launch_forked(strategy, lw.train_reference, 2)
+    close(got, reference.baseline(precision, 2), f"{layout} in {precision}",
+          **reference.tolerance(precision, None))
+
+
 @pytest.mark.timeout(120)
 def test_tensor_parallel_neighbours_read_the_same_batch() -> None:
     result = launch_forked(resolve("fsdp2_tp2"), lw.train_layout, 1)
@@ -77,6 +99,11 @@ def test_checkpoints_reshard_across_layouts(tmp_path: Path, saved_by: str) -> No
         loaded = launch_forked(resolve(other), lw.load_layout, str(path))
         close(loaded["params"], saved["params"], f"saved by {saved_by}, loaded by {other}")
         assert loaded["step"] == 2
+    fsdp4 = interlock.resolve(strategy=_fsdp_sharded(), accelerator="cpu", devices=4,
+                              machine=CPU)
+    assert isinstance(fsdp4, ParallelStrategy)
+    loaded = launch_forked(fsdp4, lw.load_layout, str(path))
+    close(loaded["params"], saved["params"], f"saved by {saved_by}, loaded by FSDP 4")
     single = interlock.resolve(strategy="single_device", accelerator="cpu", machine=CPU)
     loaded = single.launch(lw.load_layout, str(path))
     close(loaded["params"], saved["params"], f"saved by {saved_by}, loaded by one process")
@@ -92,15 +119,32 @@ def _fsdp_sharded() -> Any:
     return FSDPStrategy(state_dict_type="sharded")
 
 
-@pytest.mark.timeout(120)
-def test_the_other_way_round_fsdp4_loads_into_a_pipeline(tmp_path: Path) -> None:
-    path = tmp_path / "ckpt"
+@pytest.mark.timeout(240)
+def test_the_other_way_round_fsdp4_ddp2_and_one_process_load_into_the_layouts(
+        tmp_path: Path) -> None:
+    """FSDP 4's distributed checkpoint into every layout; the full files of DDP 2 and of
+    one process into the layouts without a pipeline (a pipeline refuses full files:
+    test_a_pipeline_refuses_...)."""
     fsdp4 = interlock.resolve(strategy=_fsdp_sharded(), accelerator="cpu", devices=4,
                               machine=CPU)
-    assert isinstance(fsdp4, ParallelStrategy)
-    saved = launch_forked(fsdp4, lw.train_and_save_layout, str(path), 2)
-    loaded = launch_forked(resolve("pp2_dp2"), lw.load_layout, str(path))
-    close(loaded["params"], saved["params"], "saved by FSDP 4, loaded by PP 2 x DP 2")
+    ddp2 = interlock.resolve(strategy="ddp_fork", accelerator="cpu", devices=2, machine=CPU)
+    assert isinstance(fsdp4, ParallelStrategy) and isinstance(ddp2, ParallelStrategy)
+    single = interlock.resolve(strategy="single_device", accelerator="cpu", machine=CPU)
+    saves: list[tuple[str, Path, dict[str, Any], list[str]]] = [
+        ("FSDP 4", tmp_path / "fsdp4",
+         launch_forked(fsdp4, lw.train_and_save_layout, str(tmp_path / "fsdp4"), 2),
+         list(LAYOUTS)),
+        ("DDP 2", tmp_path / "ddp2.pt",
+         launch_forked(ddp2, lw.train_and_save_layout, str(tmp_path / "ddp2.pt"), 2),
+         ["hsdp_2x2", "fsdp2_tp2"]),
+        ("one process", tmp_path / "one.pt",
+         single.launch(lw.train_and_save_layout, str(tmp_path / "one.pt"), 2),
+         ["hsdp_2x2", "fsdp2_tp2"]),
+    ]
+    for saver, path, saved, layouts in saves:
+        for layout in layouts:
+            loaded = launch_forked(resolve(layout), lw.load_layout, str(path))
+            close(loaded["params"], saved["params"], f"saved by {saver}, loaded by {layout}")
 
 
 def test_the_default_split_keeps_every_layer_name() -> None:

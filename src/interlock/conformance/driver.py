@@ -48,11 +48,13 @@ def _record(precision: str, check: str, status: str, message: str = "") -> dict[
     return {"precision": precision, "check": check, "status": status, "message": message}
 
 
-def _resolve(args: argparse.Namespace, precision: str, devices: int) -> Any:
+def _resolve(args: argparse.Namespace, precision: str, devices: int,
+             parallelism: Any = None) -> Any:
     import interlock
 
     return _prepare(interlock.resolve(strategy=args.strategy, accelerator=args.accelerator,
-                                      devices=devices, precision=precision))
+                                      devices=devices, precision=precision,
+                                      parallelism=parallelism))
 
 
 def _prepare(strategy: Any) -> Any:
@@ -96,7 +98,7 @@ def run_rank_checks(strategy: Any, args: argparse.Namespace, precisions: list[st
                           workdir=Path(workdir), plan_for=plan_for, passed=passed)
         why = skip_reason(check, capabilities=spec.capabilities,
                           precision=precision if check.per_precision else None,
-                          world_size=args.world_size)
+                          world_size=args.world_size, parallel_dims=spec.parallel_dims)
         _mark(out, _run_one(runs.run, ctx, label, check.id) if why is None
               else _record(label, check.id, "skipped", why))
 
@@ -211,7 +213,7 @@ def run_driver_checks(ctx: LaunchContext) -> list[dict[str, str]]:
         if not isinstance(check.runs, InDriver):
             continue
         why = skip_reason(check, capabilities=ctx.spec.capabilities, precision=None,
-                          world_size=ctx.world_size)
+                          world_size=ctx.world_size, parallel_dims=ctx.spec.parallel_dims)
         if why is not None:
             records.append(_record(ANY_PRECISION, check.id, "skipped", why))
             continue
@@ -258,6 +260,8 @@ def drive(args: argparse.Namespace) -> list[dict[str, str]]:
     ctx = LaunchContext(
         strategy=strategy, spec=spec, world_size=args.world_size, workdir=workdir,
         resolve=lambda precision, devices: _resolve(args, precision, devices),
+        resolve_layout=lambda precision, devices, layout: _resolve(args, precision, devices,
+                                                                   layout),
         returned=returned, crash=crash, environ_before=environ_before, passed=passed,
         passed_before=passed_before)
     _then_in_driver(records, ctx)

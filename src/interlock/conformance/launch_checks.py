@@ -58,6 +58,7 @@ class LaunchContext:
         world_size: the ranks each launch starts.
         workdir: a directory for this launch's files.
         resolve: a fresh strategy for (precision, world size), resolved as a user would.
+        resolve_layout: the same with a ``parallelism=`` flag (the mesh checks).
         returned: what the launch that ran the rank checks returned.
         crash: what that launch raised, or None.
         environ_before: the launching process's environment before that launch.
@@ -70,6 +71,7 @@ class LaunchContext:
     world_size: int
     workdir: Path
     resolve: Callable[[str, int], Any]
+    resolve_layout: Callable[[str, int, Any], Any]
     returned: Any = None
     crash: str | None = None
     environ_before: dict[str, str]

@@ -70,8 +70,10 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def tensor_parallel_plan(module: nn.Module, mesh: Any) -> nn.Module:
     """How the suite splits its MLP for strategies that take a ``parallelize_fn``:
-    column-wise then row-wise over ``mesh["tensor_parallel"]``, and FSDP2 over
-    ``mesh["data_parallel"]`` when it has more than one rank."""
+    column-wise then row-wise over ``mesh["tp"]``, then FSDP2 over ``mesh["dp_shard"]``
+    (the 2-D ``("dp_replicate", "dp_shard")`` mesh, HSDP, when dp_replicate > 1 too) when
+    more than one rank shares the data. Under pipeline parallel ``module`` is a stage:
+    only its own layers (not `nn.Identity`) are split."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -79,11 +81,17 @@ def tensor_parallel_plan(module: nn.Module, mesh: Any) -> nn.Module:
         parallelize_module,
     )
 
-    if mesh["tensor_parallel"].size() > 1:
-        parallelize_module(module, mesh["tensor_parallel"],
-                           {"0": ColwiseParallel(), "2": RowwiseParallel()})
-    if mesh["data_parallel"].size() > 1:
-        fully_shard(module, mesh=mesh["data_parallel"])
+    if mesh["tp"].size() > 1:
+        styles = {"0": ColwiseParallel(), "2": RowwiseParallel()}
+        owned = {name: style for name, style in styles.items()
+                 if isinstance(module.get_submodule(name), nn.Linear)}
+        if owned:
+            parallelize_module(module, mesh["tp"], owned)
+    replicate, shard = mesh["dp_replicate"].size(), mesh["dp_shard"].size()
+    if replicate > 1:
+        fully_shard(module, mesh=mesh["dp_replicate", "dp_shard"])
+    elif shard > 1:
+        fully_shard(module, mesh=mesh["dp_shard"])
     return module
 
 

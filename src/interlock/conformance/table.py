@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
-from interlock.conformance import checks, launch_checks
+from interlock.conformance import checks, launch_checks, mesh_checks
 from interlock.conformance.checks import RankContext
 from interlock.conformance.declaration import check_declaration
 from interlock.conformance.launch_checks import LaunchContext
+from interlock.connector.parallelism import DIM_DOCS, DIMS
 from interlock.connector.parts_registry import current_parts
 
 
@@ -89,6 +90,8 @@ class Check:
         runs: where the check runs, and its function.
         capability: what the strategy must declare (``StrategySpec.capabilities``) for
             the check to apply.
+        dimension: the dimension of parallelism the strategy must declare
+            (``StrategySpec.parallel_dims``) for the check to apply.
         loss_scaler: whether it applies only to precisions with a loss scaler (a rank
             check that runs for each precision).
         world_sizes: the world sizes it runs at, when not every one.
@@ -99,6 +102,7 @@ class Check:
     id: str
     runs: InPytest | InRanks | InDriver
     capability: str | None = None
+    dimension: str | None = None
     loss_scaler: bool = False
     world_sizes: WorldSizes | None = None
     guarantees: str
@@ -108,7 +112,8 @@ class Check:
         if self.loss_scaler and not self.per_precision:
             raise ValueError(f"check {self.id!r}: only a check that runs for each precision "
                              "can depend on the precision's loss scaler")
-        if isinstance(self.runs, InPytest) and (self.capability or self.world_sizes):
+        if isinstance(self.runs, InPytest) and (self.capability or self.world_sizes
+                                                or self.dimension):
             raise ValueError(f"check {self.id!r}: a check that launches nothing cannot be "
                              "gated by capability or world size")
 
@@ -119,12 +124,16 @@ class Check:
 
 
 def skip_reason(check: Check, *, capabilities: frozenset[str], precision: str | None,
-                world_size: int) -> str | None:
-    """Why ``check`` does not apply to a strategy declaring ``capabilities`` at
-    ``world_size`` (and ``precision``, for a check run once per precision), or None
-    when it does. The one place gating is decided, in the ranks and in the driver."""
+                world_size: int, parallel_dims: frozenset[str] = frozenset()) -> str | None:
+    """Why ``check`` does not apply to a strategy declaring ``capabilities`` and
+    ``parallel_dims`` at ``world_size`` (and ``precision``, for a check run once per
+    precision), or None when it does. The one place gating is decided, in the ranks and
+    in the driver."""
     if check.capability is not None and check.capability not in capabilities:
         return f"the strategy does not declare {check.capability!r}"
+    if check.dimension is not None and check.dimension not in parallel_dims:
+        return (f"the strategy does not declare the {check.dimension!r} dimension "
+                "(StrategySpec.parallel_dims)")
     if (check.loss_scaler and precision is not None
             and not current_parts().precisions[precision].scaler):
         return f"{precision} uses no loss scaler"
@@ -135,6 +144,11 @@ def skip_reason(check: Check, *, capabilities: frozenset[str], precision: str | 
 
 #: at least two ranks: a check about one rank's failure needs another that survives it
 TWO_OR_MORE = WorldSizes(least=2, why="needs at least 2 ranks")
+
+#: the mesh checks run once per strategy, from the world size 2 launch (each starts
+#: its own 4 ranks)
+MESH_RUN = WorldSizes(least=2, most=2, why="runs from the world size 2 launch, starting "
+                      f"{mesh_checks.MESH_WORLD_SIZE} ranks of its own")
 
 #: Every check of the suite, in report order (rank checks run in this order too).
 CHECKS: tuple[Check, ...] = (
@@ -327,6 +341,22 @@ CHECKS: tuple[Check, ...] = (
              "a crash while saving must not cost the last good checkpoint"),
         )
     ),
+    *(
+        Check(
+            id=f"mesh_{dim}", dimension=dim, world_sizes=MESH_RUN,
+            runs=InDriver(run=mesh_checks.MESH_CHECKS[dim]),
+            guarantees=f"with `parallelism=` {dim} 2 x dp_shard 2 (x dp_replicate 2 "
+            f"without dp_shard; {dim} 4 alone) on {mesh_checks.MESH_WORLD_SIZE} ranks "
+            f"({DIM_DOCS[dim]}): every rank's mesh coordinates, flattened groups (`dp`, "
+            "`dp_shard_cp`, `dp_cp`) and data shard follow the layout; "
+            f"{mesh_checks.MESH_STEPS} steps through `forward_backward` equal one plain "
+            "process; the checkpoint saved under the layout loads at world size 1 "
+            "unchanged. A layout `plan()` refuses on the runner is skipped with its reason",
+            why="a layout that trains on the wrong ranks or shards looks fine until the "
+            "loss curve does not")
+        for dim in DIMS
+    ),
 )
+
 CHECK_IDS: tuple[str, ...] = tuple(c.id for c in CHECKS)
 CHECKS_BY_ID: Mapping[str, Check] = MappingProxyType({c.id: c for c in CHECKS})

@@ -122,6 +122,7 @@ def _deepspeed_rows() -> tuple[StrategySpec, ...]:
             # accumulation and clipping are DeepSpeed config entries
             # (gradient_accumulation_steps, gradient_clipping), not the strategy calls
             capabilities=frozenset(("timeout", "engine_gradients")),
+            # ZeRO shards over every rank: its one layout, which users cannot change
             default_parallelism=_SHARD_ALL,
         )
         for name, options, what in variants

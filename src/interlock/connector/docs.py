@@ -13,6 +13,7 @@ from pathlib import Path
 
 from interlock.connector.builtin import BUILTIN_STRATEGIES
 from interlock.connector.errors import BUILD_ERROR_CODES, ERROR_CODES
+from interlock.connector.parallelism import DIMS
 from interlock.connector.parts_registry import (
     ACCELERATOR_REGISTRY,
     ENVIRONMENT_REGISTRY,
@@ -127,6 +128,23 @@ def render_rules_markdown() -> str:
                     s.description,
                 )
                 for s in BUILTIN_STRATEGIES
+            ),
+        )
+    )
+    out += ["", "### Dimensions of parallelism", "",
+            "Which dimensions of `parallelism=` each strategy lets users set above 1 "
+            "(`StrategySpec.parallel_dims`) and the degrees it runs with when the flag is "
+            "not given (`default_parallelism`; `node` is the devices of one node, `auto` "
+            "what the others leave of the world, dimensions not named are 1). A flag may "
+            "also ask for a strategy's own default layout (DeepSpeed's `dp_shard` over "
+            "every rank) but nothing else beyond the dimensions it accepts.", ""]
+    out.append(
+        _table(
+            ("name", "accepts", "default degrees"),
+            (
+                (f"`{s.name}`", ", ".join(d for d in DIMS if d in s.parallel_dims) or "none",
+                 ", ".join(f"{d}={v}" for d, v in s.default_parallelism.items()) or "1")
+                for s in BUILTIN_STRATEGIES if s.variant_of is None
             ),
         )
     )

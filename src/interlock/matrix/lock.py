@@ -4,14 +4,18 @@ One line per (profile, accelerator, strategy, run of precisions with the same ro
 the outcomes over devices x num_nodes, run-length encoded with short ids whose meaning
 is listed once at the top. An id is a hash of its outcome, so adding an outcome does not
 renumber the others and a behaviour change shows up as the few lines it touches.
+
+Then one line per cell of the parallelism section (`interlock.matrix.parallelism`):
+``parallelism <profile> <layout> <strategy>: <outcome>``.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from interlock.matrix import parallelism as par
 from interlock.matrix.evaluate import Cell, evaluate, show
 from interlock.matrix.profiles import PROFILES, Profile
 from interlock.matrix.space import BUILTIN_SPACE, FlagSpace
@@ -19,6 +23,9 @@ from interlock.matrix.space import BUILTIN_SPACE, FlagSpace
 LOCK_PATH = Path("matrix.lock")
 
 CellKey = tuple[str, str, str, str, str, int]
+
+#: the first word of a parallelism line
+PARALLELISM_PREFIX = "parallelism"
 
 
 def _id(outcome: str, length: int = 5) -> str:
@@ -42,8 +49,10 @@ def _key(cell: Cell) -> CellKey:
 
 
 def render(profiles: Iterable[Profile] = PROFILES, space: FlagSpace = BUILTIN_SPACE,
-           cells: dict[CellKey, str] | None = None) -> str:
-    """The lock file's text (from ``cells`` when already computed)."""
+           cells: dict[CellKey, str] | None = None,
+           parallelism: Mapping[par.ParallelismKey, str] | None = None) -> str:
+    """The lock file's text (from ``cells`` and ``parallelism`` when already computed;
+    the parallelism cells are `interlock.matrix.parallelism.outcomes`)."""
     profiles = tuple(profiles)
     if cells is None:
         cells = outcomes(profiles, space)
@@ -81,7 +90,20 @@ def render(profiles: Iterable[Profile] = PROFILES, space: FlagSpace = BUILTIN_SP
                     group, previous = [precision], row
                 if previous is not None:
                     lines.append(f"{accelerator} {strategy} {','.join(group)}: {previous}")
+    lines += _render_parallelism(par.outcomes() if parallelism is None else parallelism)
     return "\n".join(lines) + "\n"
+
+
+def _render_parallelism(cells: Mapping[par.ParallelismKey, str]) -> list[str]:
+    lines = [
+        "",
+        "# parallelism: the parallelism section of docs/compatibility.md (layouts x",
+        "# strategies, see interlock.matrix.parallelism). line: parallelism profile layout",
+        "# strategy: outcome (ok and the degrees above 1, or the refusal code and flag)",
+    ]
+    lines += [f"{PARALLELISM_PREFIX} {profile} {layout} {strategy}: {outcome}"
+              for (profile, layout, strategy), outcome in cells.items()]
+    return lines
 
 
 def _run_length(tokens: list[str]) -> str:
@@ -113,6 +135,8 @@ def parse(text: str) -> dict[CellKey, str]:
             meanings[ident] = outcome
         elif line.startswith("["):
             profile = line[1:line.index("]")]
+        elif line.startswith(f"{PARALLELISM_PREFIX} "):
+            continue  # see parse_parallelism
         elif line and not line.startswith("#"):
             head, _, row = line.partition(": ")
             accelerator, strategy, precisions = head.split(" ")
@@ -124,6 +148,34 @@ def parse(text: str) -> dict[CellKey, str]:
                 for (devices, nodes), outcome in zip(columns, values, strict=True):
                     found[(profile, accelerator, strategy, precision, devices, nodes)] = outcome
     return found
+
+
+def parse_parallelism(text: str) -> dict[par.ParallelismKey, str]:
+    """The parallelism cells of a lock file's text, in file order."""
+    found: dict[par.ParallelismKey, str] = {}
+    for line in text.splitlines():
+        if line.startswith(f"{PARALLELISM_PREFIX} "):
+            head, _, outcome = line.partition(": ")
+            _, profile, layout, strategy = head.split(" ")
+            found[(profile, layout, strategy)] = outcome
+    return found
+
+
+def parallelism_differences(committed: Mapping[par.ParallelismKey, str],
+                            current: Mapping[par.ParallelismKey, str],
+                            limit: int = 40) -> list[str]:
+    """Readable lines for the parallelism cells whose outcome changed, appeared or
+    disappeared."""
+    lines = []
+    for key in sorted(set(committed) | set(current)):
+        old, new = committed.get(key, "(no such cell)"), current.get(key, "(no such cell)")
+        if old != new:
+            profile, layout, strategy = key
+            lines.append(f"{profile}: parallelism layout {layout} strategy={strategy}: "
+                         f"{old} -> {new}")
+    if len(lines) > limit:
+        lines = [*lines[:limit], f"... and {len(lines) - limit} more cells"]
+    return lines
 
 
 def differences(committed: dict[CellKey, str], current: dict[CellKey, str],
@@ -149,20 +201,24 @@ def main(argv: list[str] | None = None) -> int:
 
     args = sys.argv[1:] if argv is None else argv
     current = outcomes()
+    layouts = par.outcomes()
+    counted = f"{len(current)} cells, {len(layouts)} parallelism cells"
     if "--update" in args:
         tmp = LOCK_PATH.with_suffix(".lock.tmp")
-        tmp.write_text(render(cells=current), encoding="utf-8")
+        tmp.write_text(render(cells=current, parallelism=layouts), encoding="utf-8")
         tmp.replace(LOCK_PATH)
-        print(f"wrote {LOCK_PATH} ({len(current)} cells)")
+        print(f"wrote {LOCK_PATH} ({counted})")
         return 0
     if not LOCK_PATH.exists():
         print(f"{LOCK_PATH} is missing; run with --update", file=sys.stderr)
         return 1
-    changed = differences(parse(LOCK_PATH.read_text(encoding="utf-8")), current)
+    text = LOCK_PATH.read_text(encoding="utf-8")
+    changed = (differences(parse(text), current)
+               + parallelism_differences(parse_parallelism(text), layouts))
     if changed:
         print("cells whose outcome changed:\n" + "\n".join(changed), file=sys.stderr)
         return 1
-    print(f"{LOCK_PATH} matches the engine ({len(current)} cells)")
+    print(f"{LOCK_PATH} matches the engine ({counted})")
     return 0
 
 

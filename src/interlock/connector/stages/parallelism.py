@@ -172,9 +172,13 @@ def _refuse_conflict(ctx: ParallelismDraft) -> str:
     )
 
 
+def _raise(result: object) -> str:
+    """The action of a refusal whose predicate found ``result`` to be the refusal."""
+    raise result if isinstance(result, ResolutionError) else RuntimeError("unreachable")
+
+
 def _refuse_flag(ctx: ParallelismDraft) -> str:
-    error = _read_flag(ctx)
-    raise error if isinstance(error, ResolutionError) else RuntimeError("unreachable")
+    return _raise(_read_flag(ctx))
 
 
 def _set_flag(ctx: ParallelismDraft) -> str:
@@ -206,7 +210,7 @@ def _row_default(ctx: ParallelismDraft) -> str:
                for dim, degree in ctx.spec.default_parallelism.items()}
     ctx.requested = Parallelism.from_flag({"dp_shard": 1, **degrees})
     written = ", ".join(f"{d}={v}" for d, v in ctx.spec.default_parallelism.items())
-    return f"not given: {ctx.spec.name}'s default ({written or 'one rank'})"
+    return f"not given: {ctx.spec.name!r}'s default ({written or 'one rank'})"
 
 
 REQUEST = Decision(
@@ -268,29 +272,37 @@ REQUEST = Decision(
 # --------------------------------------------------------------------------- dimensions
 
 
+def _accepted_dims(spec: StrategySpec) -> frozenset[str]:
+    """The dimensions a row runs above 1: those users may set (`parallel_dims`) and
+    those of its own default layout (ZeRO shards over every rank: asking DeepSpeed for
+    exactly that is no refusal, asking it for anything else is)."""
+    own = {d for d, v in spec.default_parallelism.items() if v != 1}
+    return spec.parallel_dims | own
+
+
 def _beyond_row(ctx: ParallelismDraft, degrees: Parallelism) -> list[str]:
-    """Dimensions above 1 that the user asked for and the row does not accept (the
-    row's own default degrees are the strategy's to choose)."""
+    """Dimensions above 1 that the user asked for and the row does not run (the row's
+    own default degrees are the strategy's to choose)."""
     if ctx.flag is None and not _legacy_degrees(ctx):
         return []
-    return [d for d in DIMS if d not in ctx.spec.parallel_dims
-            and getattr(degrees, d) not in (1, "auto")]
+    accepted = _accepted_dims(ctx.spec)
+    return [d for d in DIMS if d not in accepted and getattr(degrees, d) not in (1, "auto")]
 
 
 def _takers(ctx: ParallelismDraft, dims: set[str]) -> tuple[str, ...]:
     return tuple(sorted(
         name for name, spec in ctx.specs.items()
-        if spec.variant_of is None and dims <= spec.parallel_dims
+        if spec.variant_of is None and dims <= _accepted_dims(spec)
         and ctx.accelerator in spec.accelerators
     ))
 
 
 def _refuse_dimension(ctx: ParallelismDraft, dims: list[str], degrees: Parallelism) -> str:
-    accepted = ", ".join(d for d in DIMS if d in ctx.spec.parallel_dims) or "none"
+    accepted = ", ".join(d for d in DIMS if d in _accepted_dims(ctx.spec)) or "none"
     shown = ", ".join(f"{d}={getattr(degrees, d)}" for d in dims)
     refuse(
         "unsupported-parallelism", flag="parallelism", value=_asked(ctx).describe(),
-        reason=f"{ctx.spec.name} cannot run {shown}: it accepts only these dimensions "
+        reason=f"{ctx.spec.name!r} cannot run {shown}: it accepts only these dimensions "
         f"above 1: {accepted}. Strategies that accept {', '.join(dims)} on "
         f"{ctx.accelerator} are the choices.",
         choices=_takers(ctx, set(dims)),
@@ -299,13 +311,13 @@ def _refuse_dimension(ctx: ParallelismDraft, dims: list[str], degrees: Paralleli
 
 def _accepted(ctx: ParallelismDraft) -> str:
     dims = ", ".join(d for d in DIMS if d in ctx.spec.parallel_dims)
-    return f"{ctx.spec.name} accepts {dims or 'no dimension'} above 1"
+    return f"{ctx.spec.name!r} accepts {dims or 'no dimension'} above 1"
 
 
 DIMENSIONS = Decision(
     id="parallelism/dimensions",
     doc="Every degree above 1 is of a dimension the strategy row accepts "
-    "(StrategySpec.parallel_dims).",
+    "(StrategySpec.parallel_dims) or of the row's own default layout.",
     rules=(
         Rule(
             id="parallelism/unsupported-dimension",
@@ -335,8 +347,7 @@ def _fitted(ctx: ParallelismDraft) -> Parallelism | ResolutionError:
 
 
 def _refuse_fit(ctx: ParallelismDraft) -> str:
-    error = _fitted(ctx)
-    raise error if isinstance(error, ResolutionError) else RuntimeError("unreachable")
+    return _raise(_fitted(ctx))
 
 
 def _set_filled(ctx: ParallelismDraft) -> str:

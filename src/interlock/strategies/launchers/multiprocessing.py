@@ -178,11 +178,11 @@ def _join(context: Any, first_rank: int, errors: str, grace: float = 2.0) -> Non
                 # exit), so do not wait for its exit code; the caller stops the workers.
                 _settle(context, grace)
                 failures = read_failures(errors)
-                killed = _killed_silently(context, first_rank, failures)
-                if killed is not None:
+                signalled = _killed_silently(context, first_rank, failures)
+                if signalled is not None:
                     # a peer killed by a signal (SIGKILL, the OOM killer) before torch
                     # noticed its exit: the recorded errors are its consequences
-                    raise _killed_first(killed, failures)
+                    raise _killed_first(signalled, failures)
                 raise root_cause(failures)
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
         # torch reports the first process it noticed, not the first that failed: give

@@ -1,0 +1,181 @@
+"""The mesh checks: one per dimension of parallelism a strategy declares
+(`StrategySpec.parallel_dims`), each at world size 4 on a layout that uses it.
+
+Each launches the strategy with ``parallelism=`` the layout, trains through
+``forward_backward`` and compares, in the launching process: every rank's mesh
+coordinates and flattened groups with the layout's arithmetic, the data shard each rank
+read, the parameters with one plain process, and a checkpoint saved under the layout
+and loaded at world size 1 (resharding).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from interlock.conformance import reference
+from interlock.conformance.checks import CheckFailed, CheckSkipped, full
+from interlock.connector.errors import ResolutionError
+from interlock.connector.parallelism import DIMS, FLATTENED, MeshLayout, Parallelism
+
+#: the ranks every mesh check starts
+MESH_WORLD_SIZE = 4
+#: optimizer steps each trains
+MESH_STEPS = 3
+
+#: the partner of a dimension in its check's layout: the sharded (else replicated)
+#: data-parallel dimension, when the strategy declares it
+_PARTNERS = ("dp_shard", "dp_replicate")
+
+
+def layout_for(parallel_dims: frozenset[str], dim: str) -> dict[str, int]:
+    """The layout the check of ``dim`` runs: ``dim`` 2 x a declared data-parallel
+    partner 2, or ``dim`` 4 alone; every other dimension 1."""
+    degrees = dict.fromkeys(DIMS, 1)
+    partner = next((p for p in _PARTNERS if p in parallel_dims and p != dim), None)
+    if partner is None:
+        degrees[dim] = MESH_WORLD_SIZE
+    else:
+        degrees[dim] = degrees[partner] = 2
+    return degrees
+
+
+def _loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    loss: torch.Tensor = nn.functional.mse_loss(output.float(), target)
+    return loss
+
+
+def _share(tensor: torch.Tensor, strategy: Any) -> torch.Tensor:
+    index: int = strategy.data_parallel_rank
+    return tensor.chunk(strategy.data_parallel_size)[index]
+
+
+def train_on_the_mesh(strategy: Any, path: str) -> dict[str, Any]:
+    """In every rank: where the mesh puts this rank, then `MESH_STEPS` SGD steps
+    through ``forward_backward``, then a checkpoint. Returns every rank's view."""
+    meshes = strategy.meshes
+    where = {
+        "rank": strategy.global_rank,
+        "coords": {dim: meshes[dim].get_local_rank() for dim in DIMS},
+        "flattened": {name: [meshes[name].get_local_rank(), meshes[name].size()]
+                      for name in FLATTENED},
+        "data": [strategy.data_parallel_rank, strategy.data_parallel_size],
+    }
+    module = strategy.setup_module(reference.model())
+    opt = strategy.setup_optimizer(
+        torch.optim.SGD(module.parameters(), lr=reference.LR, momentum=0.9))
+    for step in range(MESH_STEPS):
+        x, y = reference.batch(step)
+        x, y = strategy.batch_to_device((_share(x, strategy), _share(y, strategy)))
+        strategy.forward_backward(module, x, y, _loss)
+        strategy.optimizer_step(opt)
+        opt.zero_grad()
+    params = {k: v.float() for k, v in full(module.state_dict()).items()}
+    strategy.save_checkpoint(path, {"model": module, "optimizer": opt, "step": MESH_STEPS})
+    merged: dict[str, torch.Tensor] = {}
+    for part in strategy.collective.all_gather_object(params):  # pipeline stages differ
+        merged.update(part)
+    return {"ranks": strategy.collective.all_gather_object(where), "params": merged}
+
+
+def load_elsewhere(strategy: Any, path: str) -> dict[str, Any]:
+    """A fresh model and optimizer load the mesh's checkpoint at another world size."""
+    module = strategy.setup_module(reference.other_model())
+    opt = strategy.setup_optimizer(
+        torch.optim.SGD(module.parameters(), lr=reference.LR, momentum=0.9))
+    state: dict[str, Any] = {"model": module, "optimizer": opt, "step": 0}
+    strategy.load_checkpoint(path, state)
+    return {"params": {k: v.float() for k, v in full(module.state_dict()).items()},
+            "step": state["step"]}
+
+
+def check_mesh_pp(ctx: Any) -> None:
+    """Pipeline parallel on the mesh: pp 2 x a data-parallel dimension 2."""
+    _check_mesh("pp", ctx)
+
+
+def check_mesh_dp_replicate(ctx: Any) -> None:
+    """Replicated data parallel on the mesh (HSDP with dp_shard)."""
+    _check_mesh("dp_replicate", ctx)
+
+
+def check_mesh_dp_shard(ctx: Any) -> None:
+    """Sharded data parallel on the mesh (HSDP with dp_replicate)."""
+    _check_mesh("dp_shard", ctx)
+
+
+def check_mesh_cp(ctx: Any) -> None:
+    """Context parallel on the mesh."""
+    _check_mesh("cp", ctx)
+
+
+def check_mesh_tp(ctx: Any) -> None:
+    """Tensor parallel on the mesh: tp 2 x a data-parallel dimension 2."""
+    _check_mesh("tp", ctx)
+
+
+#: each dimension's check function
+MESH_CHECKS = {"pp": check_mesh_pp, "dp_replicate": check_mesh_dp_replicate,
+               "dp_shard": check_mesh_dp_shard, "cp": check_mesh_cp, "tp": check_mesh_tp}
+
+
+def _check_mesh(dim: str, ctx: Any) -> None:
+    """The mesh check of ``dim`` (see the module docstring)."""
+    if "32-true" not in ctx.spec.precisions:
+        raise CheckSkipped("the mesh checks train in 32-true, which the strategy does not "
+                           "declare")
+    layout = layout_for(ctx.spec.parallel_dims, dim)
+    shown = " x ".join(f"{d}={n}" for d, n in layout.items() if n != 1)
+    try:
+        strategy = ctx.resolve_layout("32-true", MESH_WORLD_SIZE, layout)
+    except ResolutionError as error:  # the engine's reason is the declared fact
+        raise CheckSkipped(f"plan() refuses {shown} here: [{error.code}] "
+                           f"{error.reason}") from None
+    path = str(ctx.workdir / f"mesh_{dim}")
+    try:
+        result = strategy.launch(train_on_the_mesh, path)
+    except Exception as error:
+        raise CheckFailed(f"{shown} on {MESH_WORLD_SIZE} ranks: {type(error).__name__}: "
+                          f"{str(error)[:2000]}") from None
+    problems = _mesh_problems(result, MeshLayout.of(Parallelism.from_flag(layout)))
+    want = reference.baseline("32-true", MESH_STEPS)
+    try:
+        torch.testing.assert_close(result.get("params"), want)
+    except AssertionError as error:
+        problems.append(f"parameters after {MESH_STEPS} steps differ from one plain "
+                        f"process: {str(error)[:800]}")
+    try:
+        loaded = ctx.resolve("32-true", 1).launch(load_elsewhere, path)
+        torch.testing.assert_close(loaded["params"], result.get("params"), rtol=0, atol=0)
+        if loaded["step"] != MESH_STEPS:
+            problems.append(f"the checkpoint's step came back as {loaded['step']!r}")
+    except Exception as error:
+        problems.append(f"the checkpoint saved under {shown} did not load at world size 1 "
+                        f"into the same values: {type(error).__name__}: {str(error)[:800]}")
+    if problems:
+        raise CheckFailed(f"{shown}: " + "; ".join(problems))
+
+
+def _mesh_problems(result: Any, layout: MeshLayout) -> list[str]:
+    """Where the ranks' view of the mesh differs from the layout's arithmetic."""
+    ranks = result.get("ranks") if isinstance(result, dict) else None
+    if not isinstance(ranks, list) or len(ranks) != layout.size:
+        return [f"launch() returned {type(result).__name__}, not every rank's view of the "
+                "mesh"]
+    problems = []
+    for seen in ranks:
+        rank = seen["rank"]
+        if seen["coords"] != layout.coordinates(rank):
+            problems.append(f"rank {rank} sits at {seen['coords']} on the mesh, expected "
+                            f"{layout.coordinates(rank)}")
+        for name in FLATTENED:
+            if tuple(seen["flattened"][name]) != layout.flattened(name, rank):
+                problems.append(f"rank {rank} is {tuple(seen['flattened'][name])} "
+                                f"(index, size) in the {name} group, expected "
+                                f"{layout.flattened(name, rank)}")
+        if tuple(seen["data"]) != layout.flattened("dp", rank):
+            problems.append(f"rank {rank} reads data shard {tuple(seen['data'])} (rank, "
+                            f"size), expected {layout.flattened('dp', rank)}")
+    return problems
