@@ -104,6 +104,7 @@ class MultiProcessingLauncher(Launcher):
         # then told apart from these
         earlier = set(multiprocessing.active_children())
         errors = tempfile.TemporaryDirectory(prefix="interlock-ranks-")
+        gate = os.pipe() if self.start_method == "fork" else None
         try:
             with sigterm_as_exception():
                 with _signals_held(self.start_method) as held:
@@ -114,11 +115,13 @@ class MultiProcessingLauncher(Launcher):
                               errors.name,
                               # a forkserver child's parent is the server, not this process
                               None if self.start_method == "forkserver" else os.getpid(),
-                              held),
+                              held, gate),
                         nprocs=self.num_processes,
                         join=False,
                         start_method=self.start_method,
                     )
+                if gate is not None:  # every worker is forked: let them connect
+                    os.write(gate[1], b"g" * self.num_processes)
                 _join(process_context, self.node_rank * self.num_processes, errors.name)
                 result_file = Path(errors.name, "result.pkl")
                 if not result_file.exists():
@@ -131,6 +134,9 @@ class MultiProcessingLauncher(Launcher):
             _stop(_started(process_context, earlier))
             raise
         finally:
+            if gate is not None:
+                os.close(gate[0])
+                os.close(gate[1])
             errors.cleanup()
             if hosted:
                 release_store(rendezvous)
@@ -324,7 +330,8 @@ def _worker(local_rank: int,
             payload: tuple[WorkerEntry, tuple[Any, ...], dict[str, Any]],
             node_rank: int, num_processes: int,
             world_size: int, rendezvous: str, rank0_serves: bool, start_method: str,
-            errors: str, parent_pid: int | None, held: frozenset[int]) -> None:
+            errors: str, parent_pid: int | None, held: frozenset[int],
+            gate: tuple[int, int] | None = None) -> None:
     if signal.getsignal(signal.SIGTERM) is _raise_terminate:
         # inherited from the launching process by fork: here SIGTERM is the launcher
         # (or torch) stopping this worker, not a failure of its own to report
@@ -334,6 +341,15 @@ def _worker(local_rank: int,
     die_with_parent()
     if parent_pid is not None and os.getppid() != parent_pid:
         os._exit(1)  # the parent died before prctl took effect
+    if gate is not None:
+        # Forked workers wait until the last one is forked before any connects to the
+        # store. The store's server thread in the launching process formats each new
+        # peer's address with getnameinfo; a fork while it holds glibc's resolver lock
+        # hands the child that lock held, and the child's own getnameinfo (when it
+        # connects) waits for ever. Seen under load as a rank stuck in connect_store.
+        os.close(gate[1])
+        os.read(gate[0], 1)
+        os.close(gate[0])
     limit_worker_threads(start_method)
     rank = node_rank * num_processes + local_rank
     os.environ[ERROR_FILE_ENV] = os.path.join(errors, f"rank{rank}.json")
