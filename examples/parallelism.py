@@ -159,6 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true",
                    help="compare the result with one plain process")
     args = p.parse_args(argv)
+    if args.checkpoint:
+        try:  # refused now, not after training in every rank
+            Path(args.checkpoint).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            print(f"error: --checkpoint {args.checkpoint}: cannot create its directory "
+                  f"({error.strerror})", file=sys.stderr)
+            return 2
     try:
         strategy = interlock.resolve(
             strategy=ModelParallelStrategy(parallelize_fn=parallelize,
@@ -166,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                                            pipeline_microbatches=args.microbatches),
             accelerator=args.accelerator, devices=args.devices, num_nodes=args.num_nodes,
             precision=args.precision, parallelism=args.parallelism)
-    except interlock.ResolutionError as error:
+    except ValueError as error:  # ResolutionError, or an option out of range
         print(f"error: {error}", file=sys.stderr)
         return 2
     assert isinstance(strategy, ModelParallelStrategy)

@@ -42,6 +42,7 @@ def test_the_flag_reads_an_instance_a_mapping_and_text_alike() -> None:
     ({7: 2}, "7 is not a dimension"),
     ("dp_shard", "'dp_shard' is not 'dimension=degree'"),
     ("", "no degrees given"),
+    ("tp=2,tp=3", "'tp' is given twice"),
     (["dp_shard", 2], "got list"),
     ({"DP_Shard": "two"}, "expected an int >= 1 or 'auto'"),
 ])

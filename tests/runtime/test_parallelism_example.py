@@ -31,11 +31,18 @@ def test_a_pipeline_with_data_parallel_matches_one_process(tmp_path: Path) -> No
     assert "resumed at step 6" in done.stdout
 
 
-def test_a_layout_that_does_not_fit_is_refused_before_any_process() -> None:
-    done = run("--devices", "4", "--parallelism", "tp=3", timeout=60)
-    assert done.returncode == 2
-    assert "[invalid-parallelism]" in done.stderr and "Choices: tp=2, tp=4" in done.stderr
-    assert "Traceback" not in done.stderr
+@pytest.mark.parametrize(("args", "says"), [
+    (("--parallelism", "tp=3"), "Choices: tp=2, tp=4"),
+    (("--parallelism", "tp=2,tp=4"), "'tp' is given twice"),
+    (("--parallelism", "pp=2,dp_shard=2", "--microbatches", "0"),
+     "pipeline_microbatches=0): expected an int >= 1"),
+    (("--checkpoint", "/proc/no/such/dir/ckpt"), "cannot create its directory"),
+])
+def test_bad_input_is_refused_before_any_process(args: tuple[str, ...], says: str) -> None:
+    done = run("--devices", "4", *args, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert says in done.stderr and done.stderr.startswith("error: ")
+    assert "Traceback" not in done.stderr and "step" not in done.stdout
 
 
 @pytest.mark.slow

@@ -217,6 +217,9 @@ def _parse_text(text: str) -> dict[str, object]:
         if not sep:
             raise _refuse(text, f"{short_repr(item)} is not 'dimension=degree'.",
                           choices=tuple(f"{d}=<int|auto>" for d in DIMS))
+        if name.strip() in result:
+            raise _refuse(text, f"{name.strip()!r} is given twice; give each dimension "
+                          "once.", choices=tuple(f"{d}=<int|auto>" for d in DIMS))
         result[name.strip()] = degree.strip()
     if not result:
         raise _refuse(text, "no degrees given; write 'dimension=degree' pairs separated by "
