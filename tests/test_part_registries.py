@@ -19,7 +19,16 @@ from typing import Any
 
 import pytest
 
-from interlock import Machine, RegistrationError, ResolutionError, StrategySpec, plan
+from interlock import (
+    Machine,
+    PackageRow,
+    RegistrationError,
+    ResolutionError,
+    StrategySpec,
+    plan,
+    register_package,
+    register_strategy,
+)
 from interlock.connector import parts_registry, registry
 from interlock.connector.docs import render_rules_markdown
 from interlock.connector.parts_registry import (
@@ -208,7 +217,8 @@ def test_registration_refuses_a_taken_name_and_built_in_removal() -> None:
         register_precision(clash)
     with pytest.raises(RegistrationError, match="cannot unregister built-in accelerator 'cuda'"):
         unregister_accelerator("cuda")
-    with pytest.raises(RegistrationError, match="expected a PrecisionRow, AcceleratorRow"):
+    with pytest.raises(RegistrationError, match="expected a PackageRow, PrecisionRow, "
+                       "CheckpointIORow, AcceleratorRow"):
         register_part("not a row")
     register_part(FP8)
     assert precision_rows()["fp8-ilk"] is FP8
@@ -493,3 +503,90 @@ def test_a_broken_entry_point_of_each_kind_is_named(monkeypatch: pytest.MonkeyPa
                         ("interlock.environments", "grid"), ("interlock.launchers", "ray")):
         assert f"({group}):" in report, report
         assert f"no  entry point {name!r} (ilk_missing_" in report, report
+
+
+# --------------------------------------------------------------------------- packages and
+# launchers that place ranks on a cluster of their own
+
+
+HAS_GRID = PackageRow(name="ilk_gridlib", install="pip install ilk-gridlib")
+#: a launcher that runs its ranks in an environment of its own, as a Ray launcher does
+PLACER = LauncherRow(name="ilk_placer", start_method=None, interactive=True,
+                     launches_single=True, description="places ranks on the grid",
+                     factory="ilk_parts:Placer", environment="ilk_grid",
+                     placement=lambda *, accelerator, devices_per_node, num_nodes:
+                     f"{num_nodes} grid nodes of {devices_per_node} {accelerator} slots")
+
+
+def _grid_ddp(**changes: Any) -> StrategySpec:
+    fields: dict[str, Any] = {
+        "name": "ilk_grid_ddp", "factory": "interlock.strategies.ddp:DDPStrategy",
+        "description": "DDP on the grid", "family": "ddp",
+        "accelerators": frozenset({"cpu", "cuda"}), "precisions": frozenset({"32-true"}),
+        "launcher": "ilk_placer", "requires": ("ilk_gridlib",)}
+    return StrategySpec(**{**fields, **changes})
+
+
+@pytest.mark.usefixtures("clean")
+def test_a_registered_package_is_required_probed_and_hinted() -> None:
+    with pytest.raises(RegistrationError, match="not optional packages the engine knows"):
+        register_strategy(_grid_ddp(launcher="subprocess"))
+    register_package(HAS_GRID)
+    register_strategy(_grid_ddp(launcher="subprocess"))
+    error = _refusal(strategy="ilk_grid_ddp", devices=2, machine=CPU)
+    assert error.code == "missing-package" and "pip install ilk-gridlib" in str(error)
+    present = Machine(packages=frozenset({"ilk_gridlib"}))
+    assert plan(strategy="ilk_grid_ddp", devices=2, accelerator="cpu",
+                machine=present).strategy == "ilk_grid_ddp"
+    # probing looks for registered packages too ("json" is importable everywhere)
+    register_package(PackageRow(name="json", install="(the standard library)"))
+    assert "json" in Machine.probe().packages
+    with pytest.raises(ValueError, match="does not consult"):
+        Machine(packages=frozenset({"ilk_not_registered"}))
+
+
+@pytest.mark.usefixtures("clean")
+@pytest.mark.parametrize(("row", "problem"), [
+    (PackageRow(name="ilk-gridlib", install="pip install x"), "importable top-level"),
+    (PackageRow(name="a.b", install="pip install x"), "importable top-level"),
+    (PackageRow(name="ilk_ok", install=" "), "install must be"),
+])
+def test_a_malformed_package_row_is_refused(row: PackageRow, problem: str) -> None:
+    with pytest.raises(RegistrationError, match=problem):
+        register_package(row)
+
+
+@pytest.mark.usefixtures("clean")
+def test_a_launcher_that_places_ranks_elsewhere_names_their_environment() -> None:
+    with pytest.raises(RegistrationError, match="environment 'ilk_grid' is not a cluster"):
+        register_launcher(PLACER)
+    with pytest.raises(RegistrationError, match=r"placement .* needs environment set"):
+        register_launcher(dataclasses.replace(RAY, placement=lambda **_: "x"))
+    register_environment(GRID)
+    register_launcher(PLACER)
+    register_package(HAS_GRID)
+    register_strategy(_grid_ddp())
+    result = plan(strategy="ilk_grid_ddp", devices=2, num_nodes=3, accelerator="cpu",
+                  machine=Machine(packages=frozenset({"ilk_gridlib"})))
+    assert (result.launcher, result.cluster_environment) == ("ilk_placer", "ilk_grid")
+    step = next(s for s in result.trace if s.rule == "launcher/own-environment")
+    assert "3 grid nodes of 2 cpu slots" in step.reason
+    # inside a rank the grid started (detected, external), the ranks run in place
+    inside = plan(strategy="ilk_grid_ddp", devices=2, accelerator="cpu",
+                  machine=Machine(packages=frozenset({"ilk_gridlib"}), environ=GRID_JOB))
+    assert (inside.launcher, inside.cluster_environment) == ("external", "ilk_grid")
+
+
+@pytest.mark.usefixtures("clean")
+def test_a_placement_description_that_fails_does_not_fail_the_plan() -> None:
+    def broken(**_: Any) -> str:
+        raise KeyError("slots")
+
+    register_environment(GRID)
+    register_launcher(dataclasses.replace(PLACER, placement=broken))
+    register_package(HAS_GRID)
+    register_strategy(_grid_ddp())
+    result = plan(strategy="ilk_grid_ddp", devices=2, accelerator="cpu",
+                  machine=Machine(packages=frozenset({"ilk_gridlib"})))
+    step = next(s for s in result.trace if s.rule == "launcher/own-environment")
+    assert "placement description failed (KeyError" in step.reason

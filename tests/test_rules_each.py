@@ -190,6 +190,10 @@ EXAMPLES: dict[str, tuple[Flags, Machine, str | None]] = {
     "launcher/start-method-unavailable": ({"strategy": "ddp_fork", "devices": 2}, NO_FORK,
                                           "start-method-unavailable"),
     "launcher/own": ({"devices": 2}, CPU, None),
+    "launcher/own-environment": ({"strategy": "ilk_grid_ddp", "devices": 2}, CPU, None),
+    "launcher/environment-conflict": (
+        {"strategy": "ilk_grid_ddp", "devices": 2, "plugins": [LocalCluster()]}, CPU,
+        "conflicting-flags"),
     "precision/plugin": ({"plugins": [BF16Plugin()]}, CPU, None),
     "precision/flag": ({}, CPU, None),
     "precision/unsupported-by-strategy": ({"strategy": "fsdp", "precision": "64-true"}, CPU,
@@ -315,8 +319,45 @@ def pipeline_with_16_mixed() -> Iterator[None]:
     unregister_strategy("ilk_pipeline_fp16")
 
 
+@pytest.fixture
+def grid_launcher() -> Iterator[None]:
+    """A registered launcher that places its ranks on a cluster of its own (its row names
+    the ``ilk_grid`` environment), and a strategy that uses it."""
+    from interlock import (
+        ClusterRow,
+        LauncherRow,
+        StrategySpec,
+        register_environment,
+        register_launcher,
+        register_strategy,
+        unregister_environment,
+        unregister_launcher,
+        unregister_strategy,
+    )
+
+    register_environment(ClusterRow(
+        name="ilk_grid", detect=None, detect_doc="never detected", external=False,
+        description="a grid", factory="interlock.strategies.environments.local:LocalEnvironment"))
+    register_launcher(LauncherRow(
+        name="ilk_grid", start_method=None, interactive=True, launches_single=True,
+        description="places ranks on the grid", environment="ilk_grid",
+        factory="interlock.strategies.launchers.external:ExternalLauncher",
+        placement=lambda *, accelerator, devices_per_node, num_nodes:
+            f"{devices_per_node * num_nodes} grid slots"))
+    register_strategy(StrategySpec(
+        name="ilk_grid_ddp", factory="interlock.strategies.ddp:DDPStrategy",
+        description="DDP on the grid", family="ddp", accelerators=frozenset({"cpu"}),
+        precisions=frozenset({"32-true"}), launcher="ilk_grid"))
+    yield
+    unregister_strategy("ilk_grid_ddp")
+    unregister_launcher("ilk_grid")
+    unregister_environment("ilk_grid")
+
+
 #: rules whose example needs more than flags and a machine: rule id -> fixture
-SETUPS = {"parallelism/pp-precision": "pipeline_with_16_mixed",
+SETUPS = {"launcher/own-environment": "grid_launcher",
+          "launcher/environment-conflict": "grid_launcher",
+          "parallelism/pp-precision": "pipeline_with_16_mixed",
           "flags/strategy-broken-entry-point": "broken_entry_point",
           "flags/precision-broken-entry-point": "broken_part_entry_points",
           "flags/accelerator-broken-entry-point": "broken_part_entry_points"}

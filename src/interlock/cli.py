@@ -12,6 +12,7 @@ from pathlib import Path
 from interlock.connector.errors import ResolutionError
 from interlock.connector.limits import MAX_DEVICES_PER_NODE, short_repr
 from interlock.connector.machine import OPTIONAL_PACKAGES, START_METHODS, Machine
+from interlock.connector.parts_registry import package_rows
 from interlock.connector.planner import plan
 from interlock.connector.registry import RegistrationError
 from interlock.connector.tables import ACCELERATORS
@@ -19,7 +20,8 @@ from interlock.connector.tables import ACCELERATORS
 SIMULATE_HELP = (
     "simulate a machine instead of probing this one: comma-separated tokens "
     "cuda=N, mps, xla=N (implies torch_xla installed), pkg=NAME (an optional package: "
-    f"{', '.join(OPTIONAL_PACKAGES)}), interactive, nofork, cpu (nothing extra)"
+    f"{', '.join(OPTIONAL_PACKAGES)} or a registered one), interactive, nofork, cpu "
+    "(nothing extra)"
 )
 
 
@@ -57,12 +59,12 @@ def parse_simulate(text: str) -> Machine:
             else:
                 xla = int(digits)
                 packages.add("torch_xla")
-        elif key == "pkg" and value in OPTIONAL_PACKAGES:
+        elif key == "pkg" and value in package_rows():
             packages.add(value)
         elif key == "pkg":
             raise UsageError(
                 f"--simulate pkg={value!r} is not an optional package interlock consults; "
-                f"known: {', '.join(OPTIONAL_PACKAGES)}"
+                f"known: {', '.join(package_rows())}"
             )
         elif token == "mps":
             mps = True

@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping
 
 from interlock.connector.errors import ResolutionError
-from interlock.connector.machine import OPTIONAL_PACKAGES, Machine
+from interlock.connector.machine import Machine
 from interlock.connector.parts_registry import current_parts
 from interlock.connector.planner import plan
 
@@ -73,7 +73,10 @@ def cluster_variables(environ: Mapping[str, str] | None = None) -> dict[str, str
 def package_versions() -> dict[str, str]:
     """Each optional package's installed version, or ``not installed``."""
     found: dict[str, str] = {}
-    for name in OPTIONAL_PACKAGES:
+    # imported here: the registries load plugins' entry points
+    from interlock.connector.parts_registry import package_rows
+
+    for name in package_rows():
         try:
             found[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:

@@ -16,14 +16,13 @@ from interlock.conformance.declaration import strategy_accelerators, strategy_pr
 from interlock.conformance.options import SuiteOptions
 from interlock.conformance.runners import RUNNERS, available_runners, runner_devices
 from interlock.conformance.table import CHECKS, InPytest
-from interlock.connector.parts_registry import current_parts
+from interlock.connector.parts_registry import current_parts, install_hint
 from interlock.connector.registry import (
     EntryPointStatus,
     broken_entry_points,
     strategy_specs,
 )
 from interlock.connector.specs import StrategySpec
-from interlock.connector.tables import INSTALL_HINTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +86,7 @@ def precision_unavailable(precision: str) -> str | None:
     if not missing:
         return None
     return (f"{precision} needs {', '.join(missing)}, which is not installed here ("
-            + "; ".join(INSTALL_HINTS.get(p, f"pip install {p}") for p in missing) + ")")
+            + "; ".join(install_hint(p) for p in missing) + ")")
 
 
 def precisions_for(spec: StrategySpec, runner: str, only: Sequence[str] | None = None,
@@ -107,7 +106,7 @@ def missing_packages(spec: StrategySpec) -> str | None:
     missing = [p for p in spec.requires if importlib.util.find_spec(p) is None]
     if not missing:
         return None
-    hints = "; ".join(f"{p}: {INSTALL_HINTS.get(p, f'pip install {p}')}" for p in missing)
+    hints = "; ".join(f"{p}: {install_hint(p)}" for p in missing)
     return f"{spec.name} needs {', '.join(missing)}, which is not installed here ({hints})"
 
 

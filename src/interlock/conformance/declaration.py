@@ -14,7 +14,6 @@ from interlock.connector.parts_registry import current_parts
 from interlock.connector.planner import check_options, load_factory, plan
 from interlock.connector.registry import broken_entry_points, strategy_specs
 from interlock.connector.specs import StrategySpec, spec_problems
-from interlock.connector.tables import OPTIONAL_PACKAGES
 
 
 def strategy_precisions(spec: StrategySpec, accelerator: str) -> frozenset[str]:
@@ -34,7 +33,7 @@ def strategy_accelerators(spec: StrategySpec) -> frozenset[str]:
 
 def runner_machine(runner: str, requires: tuple[str, ...]) -> Machine:
     """A simulated machine of the runner's kind with the strategy's packages."""
-    packages = frozenset(p for p in requires if p in OPTIONAL_PACKAGES)
+    packages = frozenset(p for p in requires if p in current_parts().packages)
     if runner == "cuda":
         return Machine(cuda_devices=2, packages=packages)
     if runner == "tpu":

@@ -32,7 +32,8 @@ class Machine:
         environ: the environment variables that matter to cluster detection.
         interactive: whether the code runs in an interactive session (REPL, notebook).
         start_methods: multiprocessing start methods this platform offers.
-        packages: importable optional packages among :data:`OPTIONAL_PACKAGES`.
+        packages: importable optional packages among :data:`OPTIONAL_PACKAGES` and the
+            registered ones (`interlock.register_package`).
         extra_devices: devices of registered (third-party) accelerators, by accelerator
             name (see `interlock.connector.parts_registry`); an accelerator not listed
             has none. The built-in accelerators have fields of their own.
@@ -69,11 +70,12 @@ class Machine:
                 f"Machine.start_methods has unknown start methods {unknown}; "
                 f"known: {', '.join(START_METHODS)}"
             )
-        bad = sorted(set(self.packages) - set(OPTIONAL_PACKAGES))
+        known = _known_packages(self.packages)
+        bad = sorted(set(self.packages) - set(known))
         if bad:
             raise ValueError(
                 f"Machine.packages has packages the engine does not consult {bad}; "
-                f"known: {', '.join(OPTIONAL_PACKAGES)}"
+                f"known: {', '.join(known)}"
             )
         extra = _extra_devices(self.extra_devices)
         object.__setattr__(self, "extra_devices", MappingProxyType(extra))
@@ -153,8 +155,8 @@ class Machine:
         # the registered cluster environments' variables too (read at call time)
         from interlock.connector.parts_registry import current_parts
 
-        cuda, mps, xla, packages = _probe_devices()
         parts = current_parts()
+        cuda, mps, xla, packages = _probe_devices(tuple(parts.packages))
         # one pass over the environment's names: asking os.environ for each of the ~40
         # variables (most of them absent) costs five times as much
         present = set(os.environ)
@@ -247,11 +249,21 @@ def _is_interactive() -> bool:
     return callable(get_ipython) and get_ipython() is not None
 
 
-@functools.lru_cache(maxsize=1)
-def _probe_devices() -> tuple[int, bool, int, frozenset[str]]:
-    packages = frozenset(
-        name for name in OPTIONAL_PACKAGES if importlib.util.find_spec(name) is not None
-    )
+def _known_packages(given: object) -> tuple[str, ...]:
+    """The package names ``Machine.packages`` may hold: the built-in ones, and the
+    registered ones when ``given`` names others (the registries are read only then)."""
+    if isinstance(given, (set, frozenset, tuple, list)) and all(
+            p in OPTIONAL_PACKAGES for p in given):
+        return OPTIONAL_PACKAGES
+    # imported here: the part registries import this module (START_METHODS)
+    from interlock.connector.parts_registry import package_rows
+
+    return tuple(package_rows())
+
+
+@functools.lru_cache(maxsize=4)
+def _probe_devices(package_names: tuple[str, ...]) -> tuple[int, bool, int, frozenset[str]]:
+    packages = frozenset(name for name in package_names if _importable(name))
     with warnings.catch_warnings():
         # A CPU-only torch without numpy warns on import; irrelevant to probing.
         warnings.filterwarnings("ignore", message=".*NumPy.*")
@@ -263,6 +275,14 @@ def _probe_devices() -> tuple[int, bool, int, frozenset[str]]:
     mps = bool(torch.backends.mps.is_available())
     xla = _probe_xla_devices() if "torch_xla" in packages else 0
     return cuda, mps, xla, packages
+
+
+def _importable(name: str) -> bool:
+    """Whether a top-level module can be imported here (without importing it)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _probe_xla_devices() -> int:  # pragma: no cover - needs torch_xla

@@ -26,13 +26,13 @@ from interlock.connector.tables import (
     ACCELERATOR_CHOOSERS,
     ACCELERATORS,
     EXTRA_DEVICES_FACT,
-    INSTALL_HINTS,
     LEGACY_PRECISIONS,
     STRATEGY_PRECISION_PLUGINS,
     AcceleratorRow,
     CheckpointIORow,
     ClusterRow,
     LauncherRow,
+    PackageRow,
     PrecisionRow,
 )
 
@@ -55,6 +55,8 @@ class Known:
     precisions: Mapping[str, PrecisionRow]
     accelerators: Mapping[str, AcceleratorRow]
     checkpoint_ios: Mapping[str, CheckpointIORow]
+    packages: Mapping[str, PackageRow]
+    environments: Mapping[str, ClusterRow]
     #: strategy specs by name (typed loosely: the specs module depends on this one)
     strategies: Mapping[str, Any]
 
@@ -84,14 +86,38 @@ def _names(value: object, field: str, problems: list[str]) -> frozenset[str]:
     return value
 
 
-def _requires(value: object, problems: list[str]) -> None:
+def requires_problems(value: object, packages: Mapping[str, PackageRow]) -> list[str]:
+    """What is wrong with a row's ``requires``: not a tuple of names, or names no
+    package row (built-in or registered before it) declares."""
     if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
-        problems.append(f"requires must be a tuple of package names, got {value!r}")
-        return
-    unknown = sorted(p for p in value if p not in INSTALL_HINTS)
+        return [f"requires must be a tuple of package names, got {short_repr(value)}"]
+    unknown = sorted(p for p in value if p not in packages)
     if unknown:
-        problems.append(f"requires {unknown} are not optional packages the engine knows; "
-                        f"known: {', '.join(INSTALL_HINTS)}")
+        return [f"requires {unknown} are not optional packages the engine knows (register "
+                "a PackageRow for them first, or through the interlock.packages entry "
+                f"point group); known: {', '.join(packages)}"]
+    return []
+
+
+def _requires(value: object, problems: list[str], known: Known) -> None:
+    problems.extend(requires_problems(value, known.packages))
+
+
+#: Optional package names: importable top-level module names.
+_MODULE_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def package_problems(row: object, known: Known) -> list[str]:
+    """What is wrong with a `PackageRow` (empty when it is valid)."""
+    if not isinstance(row, PackageRow):
+        return [f"expected a PackageRow, got {type(row).__name__}"]
+    problems: list[str] = []
+    if not isinstance(row.name, str) or not _MODULE_PATTERN.match(row.name):
+        problems.append(f"name {short_repr(row.name)} must be an importable top-level "
+                        "module name (letters, digits and underscores)")
+    if not _is_str(row.install):
+        problems.append("install must be a non-empty string (how to install the package)")
+    return problems
 
 
 def _bool(row: Any, field: str, problems: list[str]) -> None:
@@ -139,7 +165,7 @@ def precision_problems(row: object, known: Known) -> list[str]:
     elif row.plugin in STRATEGY_PRECISION_PLUGINS:
         problems.append(f"plugin {row.plugin!r} is a strategy's own precision family "
                         f"({', '.join(STRATEGY_PRECISION_PLUGINS)}), not a precision's")
-    _requires(row.requires, problems)
+    _requires(row.requires, problems, known)
     accelerators = _names(row.accelerators, "accelerators", problems)
     unknown = sorted(a for a in accelerators if a not in known.accelerators)
     if unknown:
@@ -183,7 +209,7 @@ def accelerator_problems(row: object, known: Known) -> list[str]:
     if row.runner is not None and row.runner not in RUNNERS:
         problems.append(f"runner {row.runner!r} is unknown; known: {', '.join(RUNNERS)} "
                         "or None")
-    _requires(row.requires, problems)
+    _requires(row.requires, problems, known)
     if row.max_devices is not None and (
         not isinstance(row.max_devices, int) or isinstance(row.max_devices, bool)
         or not 1 <= row.max_devices <= MAX_DEVICES_PER_NODE
@@ -236,6 +262,18 @@ def launcher_problems(row: object, known: Known) -> list[str]:
                         f"{', '.join(START_METHODS)} or None")
     _bool(row, "interactive", problems)
     _bool(row, "launches_single", problems)
+    _bool(row, "restarts", problems)
+    if not _is_str(row.on_failure):
+        problems.append("on_failure must say in words what happens when a rank fails")
+    if row.environment is not None and row.environment not in known.environments:
+        problems.append(f"environment {short_repr(row.environment)} is not a cluster "
+                        "environment registered before it; known: "
+                        f"{', '.join(known.environments)}")
+    if row.placement is not None and not callable(row.placement):
+        problems.append("placement must be None or a callable returning a sentence")
+    if row.placement is not None and row.environment is None:
+        problems.append("placement describes where an environment's ranks go: it needs "
+                        "environment set")
     return problems
 
 
@@ -246,11 +284,12 @@ def checkpoint_io_problems(row: object, known: Known) -> list[str]:
         return [f"expected a CheckpointIORow, got {type(row).__name__}"]
     problems: list[str] = []
     _common(row, NAME_PATTERN, problems)
-    _requires(row.requires, problems)
+    _requires(row.requires, problems, known)
     return problems
 
 
 CHECKS: Mapping[str, Callable[[object, Known], list[str]]] = {
+    "packages": package_problems,
     "precisions": precision_problems,
     "checkpoint_io": checkpoint_io_problems,
     "accelerators": accelerator_problems,

@@ -12,13 +12,14 @@ kind               row                         entry point group
 ``accelerators``   `AcceleratorRow`            ``interlock.accelerators``
 ``environments``   `ClusterRow`                ``interlock.environments``
 ``launchers``      `LauncherRow`               ``interlock.launchers``
+``packages``       `PackageRow`                ``interlock.packages``
 =================  ==========================  =================================
 
 An entry point's object is a row, a list or tuple of rows, or a callable taking no
 arguments that returns either; its rows are registered all or none, and a broken one
 is recorded with the reason (`part_entry_points`), warned about once, and named by the
-refusals it may explain. The groups load in the order above, then the strategies, so
-that a row may refer to the rows of the groups before it (see
+refusals it may explain. The packages load first, then the groups in the order above,
+then the strategies, so that a row may refer to the rows of the groups before it (see
 :mod:`interlock.connector.part_problems`).
 
 Every registration of any kind changes `parts_version`, which
@@ -39,6 +40,11 @@ only when the version changes. Where the registered rows go:
   matches, the SLURM fallbacks and ``local``), in registration order. Built-in
   detection of the clusters interlock knows is never overridden by a plugin; a plugin
   environment that must win is passed as a cluster environment plugin instance.
+* a registered optional package (a `PackageRow`: an importable module name and how to
+  install it) may be named in the ``requires`` of the rows that come after it;
+  ``Machine.probe()`` looks for it and ``Machine.packages`` may list it, so a strategy
+  that needs it is refused with ``missing-package`` and the row's install hint where
+  it is absent.
 * a registered precision runs on the accelerators its row names and on the
   accelerators whose row names it; it is taken by the strategies its row names (a
   preset, ``variant_of``, follows the strategy it presets) and by those whose spec
@@ -67,11 +73,13 @@ from interlock.connector.tables import (
     CLUSTERS,
     DETECTION_VARIABLE,
     LAUNCHERS,
+    PACKAGES,
     PRECISIONS,
     AcceleratorRow,
     CheckpointIORow,
     ClusterRow,
     LauncherRow,
+    PackageRow,
     PrecisionRow,
 )
 
@@ -80,12 +88,13 @@ if TYPE_CHECKING:
 
     from interlock.connector.part_problems import Known
 
-R = TypeVar("R", PrecisionRow, CheckpointIORow, AcceleratorRow, ClusterRow, LauncherRow)
+R = TypeVar("R", PackageRow, PrecisionRow, CheckpointIORow, AcceleratorRow, ClusterRow,
+            LauncherRow)
 
 #: The part kinds, in the order their entry point groups load (an accelerator row may
-#: name a checkpoint IO row, which loads first).
-PART_KINDS: tuple[str, ...] = ("precisions", "checkpoint_io", "accelerators", "environments",
-                               "launchers")
+#: name a checkpoint IO row, which loads first; any row may require a package).
+PART_KINDS: tuple[str, ...] = ("packages", "precisions", "checkpoint_io", "accelerators",
+                               "environments", "launchers")
 
 
 class PartRegistry(Generic[R]):
@@ -128,8 +137,9 @@ class PartRegistry(Generic[R]):
         existing = taken.get(row.name)
         if existing is not None and existing != row:
             owner = "a built-in" if row.name in self.builtin_names else "another"
+            where = getattr(existing, "factory", None) or getattr(existing, "install", "")
             return (prefix + f"the name is already taken by {owner} {self.noun} "
-                    f"({existing.factory})")
+                    f"({where})")
         return None
 
     def add(self, rows: Sequence[object], source: str) -> None:
@@ -163,6 +173,8 @@ class PartRegistry(Generic[R]):
                 _version += 1
 
 
+PACKAGE_REGISTRY = PartRegistry(kind="packages", noun="optional package",
+                                row_type=PackageRow, builtin=PACKAGES)
 PRECISION_REGISTRY = PartRegistry(kind="precisions", noun="precision",
                                   row_type=PrecisionRow, builtin=PRECISIONS)
 CHECKPOINT_IO_REGISTRY = PartRegistry(kind="checkpoint_io", noun="checkpoint IO",
@@ -176,6 +188,7 @@ LAUNCHER_REGISTRY = PartRegistry(kind="launchers", noun="launcher",
 
 #: Each kind's registry, in loading order.
 REGISTRIES: Mapping[str, PartRegistry[Any]] = MappingProxyType({
+    "packages": PACKAGE_REGISTRY,
     "precisions": PRECISION_REGISTRY,
     "checkpoint_io": CHECKPOINT_IO_REGISTRY,
     "accelerators": ACCELERATOR_REGISTRY,
@@ -218,7 +231,8 @@ def _known(*, taken_by: PartRegistry[Any] | None = None,
         return taken if registry is taken_by and taken is not None else registry.rows
 
     return Known(precisions=rows(PRECISION_REGISTRY), accelerators=rows(ACCELERATOR_REGISTRY),
-                 checkpoint_ios=rows(CHECKPOINT_IO_REGISTRY), strategies=_strategy_source())
+                 checkpoint_ios=rows(CHECKPOINT_IO_REGISTRY), packages=rows(PACKAGE_REGISTRY),
+                 environments=rows(ENVIRONMENT_REGISTRY), strategies=_strategy_source())
 
 
 def parts_version() -> int:
@@ -289,8 +303,8 @@ def _register(registry: PartRegistry[Any], row: object, source: str) -> None:
 
 
 def register_part(row: object, *, source: str = "register_part()") -> None:
-    """Register a row of whichever kind it is (a `PrecisionRow`, `AcceleratorRow`,
-    `ClusterRow` or `LauncherRow`).
+    """Register a row of whichever kind it is (a `PackageRow`, `PrecisionRow`,
+    `CheckpointIORow`, `AcceleratorRow`, `ClusterRow` or `LauncherRow`).
 
     Raises:
         RegistrationError: the row is of no part kind, malformed, or its name is taken.
@@ -300,8 +314,9 @@ def register_part(row: object, *, source: str = "register_part()") -> None:
             _register(registry, row, source)
             return
     raise RegistrationError(
-        f"cannot register {row!r} from {source}: expected a PrecisionRow, AcceleratorRow, "
-        f"ClusterRow or LauncherRow, got {type(row).__name__}"
+        f"cannot register {row!r} from {source}: expected a PackageRow, PrecisionRow, "
+        f"CheckpointIORow, AcceleratorRow, ClusterRow or LauncherRow, got "
+        f"{type(row).__name__}"
     )
 
 
@@ -319,6 +334,33 @@ def part_rows(kind: str) -> Mapping[str, Any]:
     """A read-only view of every row of one kind, entry points included."""
     _ensure_loaded()
     return REGISTRIES[_kind(kind)].view
+
+
+def register_package(row: PackageRow, *, source: str = "register_package()") -> None:
+    """Add an optional package that the rows registered after it may require.
+
+    Raises:
+        RegistrationError: the row is malformed or its name is taken.
+    """
+    _register(PACKAGE_REGISTRY, row, source)
+
+
+def unregister_package(name: str) -> None:
+    """Remove a registered optional package (built-in ones cannot be removed)."""
+    unregister_part("packages", name)
+
+
+def package_rows() -> Mapping[str, PackageRow]:
+    """A read-only view of every optional package the engine consults, built-in first."""
+    _ensure_loaded()
+    return PACKAGE_REGISTRY.view
+
+
+def install_hint(package: str) -> str:
+    """How to install an optional package, for messages (``pip install <name>`` for a
+    name no row knows)."""
+    row = package_rows().get(package)
+    return row.install if row is not None else f"pip install {package}"
 
 
 def register_precision(row: PrecisionRow, *, source: str = "register_precision()") -> None:
@@ -465,6 +507,7 @@ class PartTables:
 
     Attributes:
         version: the `parts_version` it was taken at.
+        packages: the optional packages by name, built-in first.
         precisions, accelerators, environments, launchers, checkpoint_ios: the rows by
             name, built-in first, then registered in registration order.
         precision_names: the precision names in that order.
@@ -482,6 +525,7 @@ class PartTables:
     """
 
     version: int
+    packages: Mapping[str, PackageRow]
     precisions: Mapping[str, PrecisionRow]
     accelerators: Mapping[str, AcceleratorRow]
     environments: Mapping[str, ClusterRow]
@@ -553,6 +597,7 @@ def _take_snapshot() -> PartTables:
                  DETECTION_VARIABLE)
     return PartTables(
         version=_version,
+        packages=MappingProxyType(dict(PACKAGE_REGISTRY.rows)),
         precisions=MappingProxyType(precisions),
         accelerators=MappingProxyType(accelerators),
         environments=MappingProxyType(environments),

@@ -425,7 +425,8 @@ def _chain(machine: Machine, specs: Mapping[str, StrategySpec], written: Written
             accelerator=accelerator.name, accelerator_reason=accelerator.reason,
             devices=flags.devices, parallel_devices=cluster.parallel_devices,
             num_nodes=flags.num_nodes, cluster=cluster.name,
-            cluster_external=cluster.external), written)
+            cluster_external=cluster.external,
+            cluster_given=flags.plugins.cluster_environment is not None), written)
         trace += strategy.trace
         precision = choose_precision(PrecisionInput(
             machine=machine, parts=parts, accelerator=accelerator.name, spec=strategy.spec,
@@ -456,7 +457,7 @@ def _chain(machine: Machine, specs: Mapping[str, StrategySpec], written: Written
         num_nodes=flags.num_nodes,
         world_size=len(parallel_devices) * flags.num_nodes,
         launcher=strategy.launcher,
-        cluster_environment=cluster.name,
+        cluster_environment=strategy.cluster_environment,
         checkpoint_io=plugins.checkpoint_io,
         notes=(*flags.notes, *accelerator.notes, *placement.notes, *cluster.notes,
                *strategy.notes, *precision.notes, *layout.notes, *plugins.notes),

@@ -45,9 +45,9 @@ def load_reference(noun: str, name: str, reference: str,
             target = getattr(target, part)
     except (ImportError, AttributeError) as exc:
         # imported here: the tables import the machine module, which imports this one
-        from interlock.connector.tables import INSTALL_HINTS
+        from interlock.connector.parts_registry import install_hint
 
-        hints = "; ".join(INSTALL_HINTS[p] for p in requires if p in INSTALL_HINTS)
+        hints = "; ".join(install_hint(p) for p in requires)
         raise ImportError(
             f"{noun} {name!r} is implemented by {reference}, which cannot be imported: "
             f"{exc}" + (f" (install: {hints})" if hints else "")

@@ -10,7 +10,7 @@ from types import MappingProxyType
 from interlock.connector.parallelism import DIMS
 from interlock.connector.parts_registry import current_parts
 from interlock.connector.registration import FACTORY_PATTERN, suspects
-from interlock.connector.tables import INSTALL_HINTS, STRATEGY_PRECISION_PLUGINS
+from interlock.connector.tables import STRATEGY_PRECISION_PLUGINS
 
 #: capability tags a spec may declare; the conformance suite runs the checks that
 #: need them only for strategies that declare them (and fails those that do not hold)
@@ -219,12 +219,10 @@ def spec_problems(spec: object) -> list[str]:
         or spec.max_devices < 1
     ):
         problems.append("max_devices must be None or an int >= 1")
-    unknown = sorted(p for p in spec.requires if p not in INSTALL_HINTS)
-    if unknown:
-        problems.append(
-            f"requires {unknown} are not optional packages the engine knows; "
-            f"known: {', '.join(INSTALL_HINTS)}"
-        )
+    # imported here: checking is for registration, not for every import of the engine
+    from interlock.connector.part_problems import requires_problems
+
+    problems.extend(requires_problems(spec.requires, parts.packages))
     if spec.precision_plugin is not None and (
         spec.precision_plugin not in STRATEGY_PRECISION_PLUGINS
     ):

@@ -313,6 +313,15 @@ class LauncherRow:
             job's processes through it (every rank stopped, the group rebuilt, the
             function run again); a launcher that did not start the processes cannot.
         on_failure: what happens when a rank fails, for the plan's explanation.
+        environment: the cluster environment the ranks it starts run in, when that is
+            not the one around the launching process: a launcher that places ranks on a
+            cluster of its own (Ray's nodes, say) names that cluster's environment row,
+            and a plan that uses the launcher names it as its ``cluster_environment``.
+            None (the built-in launchers): the ranks run where the launching process is.
+        placement: for a launcher with an ``environment``, how a job's devices and
+            nodes map onto what it places ranks on, in words, quoted in the plan's
+            trace: called as ``placement(accelerator=..., devices_per_node=...,
+            num_nodes=...)`` at plan time, so it must be cheap and import nothing heavy.
     """
 
     name: str
@@ -323,6 +332,8 @@ class LauncherRow:
     factory: str
     restarts: bool = False
     on_failure: str = "the launcher stops every rank and launch() raises, naming the rank"
+    environment: str | None = None
+    placement: Callable[..., str] | None = None
 
 
 #: The default back-off between restarts of a failed job (``Strategy.launch(...,

@@ -134,7 +134,8 @@ def evaluate(profile: Profile, space: FlagSpace = FLAG_SPACE) -> Iterator[tuple[
                     explicit=explicit, requested=p.precision))
                 choose_plugins(PluginsInput(parts=parts, accelerator=accelerator))
                 world_size = len(choice.parallel_devices) * n.num_nodes
-                checked[key] = (f"ok {spec.name} {choice.launcher or '-'} {cluster.name} "
+                checked[key] = (f"ok {spec.name} {choice.launcher or '-'} "
+                                f"{choice.cluster_environment} "
                                 f"{world_size} {precision.name}")
             except ResolutionError as error:
                 checked[key] = outcome_of(error)

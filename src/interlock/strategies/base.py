@@ -194,7 +194,8 @@ class Strategy(ABC):
         if name is None:
             return None
         return launcher_for(name, num_processes=1, num_nodes=1,
-                            cluster=self.cluster_environment)
+                            cluster=self.cluster_environment,
+                            device_type=self.root_device.type)
 
     def _explain_failure(self, exc: BaseException) -> BaseException | None:
         """A clearer error for ``exc`` raised in a rank, when the strategy knows its

@@ -131,7 +131,8 @@ class ParallelStrategy(Strategy):
 
     def _make_launcher(self) -> Launcher | None:
         return launcher_for(self._launcher_name(), num_processes=self.num_processes,
-                            num_nodes=self.num_nodes, cluster=self.cluster_environment)
+                            num_nodes=self.num_nodes, cluster=self.cluster_environment,
+                            device_type=self.parallel_devices[0].type)
 
     @property
     def collective(self) -> Collective:

@@ -24,7 +24,6 @@ from interlock.connector.rules import (
 from interlock.connector.tables import (
     ACCELERATOR_CHOOSERS,
     EXTRA_DEVICES_FACT,
-    INSTALL_HINTS,
     AcceleratorRow,
 )
 from interlock.connector.trace import TraceStep
@@ -126,7 +125,7 @@ def _refuse_missing(ctx: AcceleratorDraft) -> str:
         flag="accelerator",
         value=ctx.accelerator_flag,
         reason=f"the {row.name} accelerator needs {', '.join(missing)}, which is not "
-        f"installed (install: {'; '.join(INSTALL_HINTS[p] for p in missing)}).",
+        f"installed (install: {'; '.join(ctx.parts.packages[p].install for p in missing)}).",
         choices=_available_names(ctx),
     )
 

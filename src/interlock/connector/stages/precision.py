@@ -23,7 +23,6 @@ from interlock.connector.rules import (
     run_stage,
 )
 from interlock.connector.specs import StrategySpec
-from interlock.connector.tables import INSTALL_HINTS
 from interlock.connector.trace import TraceStep
 
 
@@ -178,7 +177,7 @@ def _refuse_precision_missing(ctx: PrecisionDraft) -> str:
         flag=flag,
         value=value,
         reason=f"{ctx.precision!r} needs {', '.join(missing)}, which is not installed "
-        f"(install: {'; '.join(INSTALL_HINTS[p] for p in missing)}).",
+        f"(install: {'; '.join(ctx.parts.packages[p].install for p in missing)}).",
         choices=_supported_precisions(ctx),
     )
 

@@ -26,7 +26,7 @@ from interlock.connector.rules import (
     run_stage,
 )
 from interlock.connector.specs import StrategySpec
-from interlock.connector.tables import INSTALL_HINTS, LauncherRow
+from interlock.connector.tables import LauncherRow
 from interlock.connector.trace import TraceStep
 
 
@@ -46,6 +46,7 @@ class StrategyInput(NamedTuple):
         num_nodes: the node count.
         cluster: the cluster environment's name.
         cluster_external: whether the cluster creates the processes.
+        cluster_given: whether the cluster environment is a plugin the caller gave.
     """
 
     machine: Machine
@@ -59,6 +60,7 @@ class StrategyInput(NamedTuple):
     num_nodes: int
     cluster: str
     cluster_external: bool
+    cluster_given: bool = False
 
 
 class StrategyChoice(NamedTuple):
@@ -69,11 +71,15 @@ class StrategyChoice(NamedTuple):
         launcher: the launcher's name, ``"external"``, or None (in-process).
         parallel_devices: the devices of one node ('auto' capped to the strategy's
             maximum).
+        cluster_environment: the cluster environment the ranks run in: the cluster
+            stage's, or the one a launcher that places ranks elsewhere names
+            (`LauncherRow.environment`).
     """
 
     spec: StrategySpec
     launcher: str | None
     parallel_devices: tuple[str, ...]
+    cluster_environment: str
     notes: tuple[str, ...]
     trace: tuple[TraceStep, ...]
 
@@ -82,7 +88,8 @@ class StrategyChoice(NamedTuple):
 class StrategyDraft(PlacedDraft):
     """The strategy stage's draft."""
 
-    OUTPUTS: ClassVar[frozenset[str]] = frozenset({"spec", "launcher", "parallel_devices"})
+    OUTPUTS: ClassVar[frozenset[str]] = frozenset({"spec", "launcher", "parallel_devices",
+                                                   "cluster_environment"})
 
     machine: Machine
     parts: PartTables
@@ -93,12 +100,14 @@ class StrategyDraft(PlacedDraft):
     devices: DevicesRequest
     cluster: str
     cluster_external: bool
+    cluster_given: bool = False
     strategy_flag: object = None
     devices_flag: object = None
     num_nodes_flag: object = None
     # decided
     spec: StrategySpec | None = None
     launcher: str | None = None
+    cluster_environment: str | None = None
 
     @property
     def chosen_spec(self) -> StrategySpec:
@@ -218,7 +227,7 @@ def _refuse_missing(ctx: StrategyDraft) -> str:
         flag="strategy",
         value=ctx.strategy_flag,
         reason=f"{spec.name!r} needs {', '.join(missing)}, which is not installed "
-        f"(install: {'; '.join(INSTALL_HINTS[p] for p in missing)}).",
+        f"(install: {'; '.join(ctx.parts.packages[p].install for p in missing)}).",
         choices=tuple(n for n in _strategy_names(ctx) if not _missing(ctx.specs[n], ctx)),
     )
 
@@ -422,6 +431,51 @@ def _refuse_start_method(ctx: StrategyDraft) -> str:
     )
 
 
+def _places_elsewhere(ctx: StrategyDraft) -> bool:
+    row = _launcher_row(ctx)
+    return row is not None and row.environment is not None
+
+
+def _refuse_environment_conflict(ctx: StrategyDraft) -> str:
+    row = _launcher_row(ctx)
+    assert row is not None and row.environment is not None
+    refuse(
+        "conflicting-flags",
+        flag="plugins",
+        value=ctx.cluster,
+        reason=f"{ctx.chosen_spec.name!r}{_chosen_how(ctx)} starts its ranks with the "
+        f"{row.name} launcher, which runs them in the {row.environment} cluster "
+        f"environment, and the plugins give the {ctx.cluster} cluster environment.",
+        choices=(f"drop the {ctx.cluster} plugin",
+                 f"pass a {row.environment} cluster environment plugin"),
+    )
+
+
+def _placement_words(row: LauncherRow, ctx: StrategyDraft) -> str:
+    if row.placement is None:
+        return ""
+    try:
+        words = row.placement(accelerator=ctx.accelerator,
+                              devices_per_node=ctx.devices_per_node,
+                              num_nodes=ctx.num_nodes)
+    except Exception as exc:  # a plugin's function: its failure is not the plan's
+        return (f"; the {row.name} launcher's placement description failed "
+                f"({type(exc).__name__}: {exc})")
+    return f"; {words}" if isinstance(words, str) and words.strip() else ""
+
+
+def _own_environment(ctx: StrategyDraft) -> str:
+    row = _launcher_row(ctx)
+    assert row is not None and row.environment is not None
+    ctx.launcher = row.name
+    ctx.cluster_environment = row.environment
+    where = ("" if ctx.cluster == row.environment
+             else f", not in this process's ({ctx.cluster})")
+    return (f"{ctx.chosen_spec.name!r} uses the {row.name} launcher, whose ranks run in "
+            f"the {row.environment} cluster environment{where}"
+            + _placement_words(row, ctx))
+
+
 def _own_launcher(ctx: StrategyDraft) -> str:
     ctx.launcher = ctx.chosen_spec.launcher
     return f"{ctx.chosen_spec.name!r} uses the {ctx.launcher} launcher"
@@ -463,6 +517,24 @@ LAUNCHER_CHOICE = Decision(
             refuses="start-method-unavailable",
         ),
         Rule(
+            id="launcher/environment-conflict",
+            doc="The launcher runs its ranks in a cluster environment of its own "
+            "(`LauncherRow.environment`, Ray's say) and a cluster environment plugin "
+            "names another.",
+            when=lambda c: _places_elsewhere(c) and c.cluster_given
+            and c.cluster != _launcher_row(c).environment,  # type: ignore[union-attr]
+            then=_refuse_environment_conflict,
+            refuses="conflicting-flags",
+        ),
+        Rule(
+            id="launcher/own-environment",
+            doc="The launcher places its ranks on a cluster of its own: the plan's cluster "
+            "environment is the one its row names, and the trace says how devices and "
+            "nodes map onto that cluster (`LauncherRow.placement`).",
+            when=_places_elsewhere,
+            then=_own_environment,
+        ),
+        Rule(
             id="launcher/own",
             doc="Otherwise the strategy's own launcher.",
             when=always,
@@ -491,10 +563,12 @@ def choose_strategy(inputs: StrategyInput, written: Written = NOT_WRITTEN) -> St
         accelerator=inputs.accelerator, accelerator_reason=inputs.accelerator_reason,
         devices=inputs.devices, parallel_devices=inputs.parallel_devices,
         num_nodes=inputs.num_nodes, cluster=inputs.cluster,
-        cluster_external=inputs.cluster_external, strategy_flag=written.strategy,
+        cluster_external=inputs.cluster_external, cluster_given=inputs.cluster_given,
+        strategy_flag=written.strategy,
         devices_flag=written.devices, num_nodes_flag=written.num_nodes,
     )
     trace = run_stage(STRATEGY_STAGE, draft, inputs.parts)
     return StrategyChoice(spec=draft.chosen_spec, launcher=draft.launcher,
                           parallel_devices=draft.parallel_devices,
+                          cluster_environment=draft.cluster_environment or inputs.cluster,
                           notes=tuple(draft.notes), trace=trace)

@@ -1,4 +1,14 @@
-"""Launchers: how processes come into being."""
+"""Launchers: how processes come into being.
+
+A launcher of another package derives from :class:`Launcher` and is registered with a
+`interlock.LauncherRow` (see ``docs/architecture.md``). What such a launcher needs
+from interlock is exported here: the variables a worker reads its place from
+(:func:`set_worker_environment`, :data:`RENDEZVOUS_ENV`, :data:`ERROR_FILE_ENV`), a
+rendezvous store bound to a port the kernel chose (:func:`host_store`,
+:func:`release_store`), one intra-op thread per worker (:func:`limit_worker_threads`),
+and naming the rank that failed first (:func:`failure_time`, :func:`root_cause`,
+:class:`RankFailedError`).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +17,20 @@ from typing import TYPE_CHECKING
 from interlock.connector.parts_registry import launcher_rows
 from interlock.strategies.factories import load_part
 from interlock.strategies.launchers import history
-from interlock.strategies.launchers.base import Launcher, LaunchError, RankFailedError
+from interlock.strategies.launchers.base import (
+    ERROR_FILE_ENV,
+    RENDEZVOUS_ENV,
+    Launcher,
+    LaunchError,
+    RankFailedError,
+    failure_time,
+    limit_worker_threads,
+    root_cause,
+    set_worker_environment,
+)
 from interlock.strategies.launchers.external import ExternalLauncher
 from interlock.strategies.launchers.multiprocessing import MultiProcessingLauncher
+from interlock.strategies.launchers.rendezvous import host_store, release_store
 from interlock.strategies.launchers.subprocess_script import SubprocessScriptLauncher
 from interlock.strategies.launchers.xla import XLALauncher
 
@@ -18,10 +39,11 @@ if TYPE_CHECKING:
 
 
 def launcher_for(name: str | None, *, num_processes: int, num_nodes: int,
-                 cluster: ClusterEnvironment) -> Launcher | None:
+                 cluster: ClusterEnvironment, device_type: str = "cpu") -> Launcher | None:
     """The launcher that a name of the launcher table (a Plan's ``launcher``) stands
-    for, set up for ``num_processes`` per node on ``num_nodes`` nodes; None runs in the
-    calling process.
+    for, set up for ``num_processes`` per node on ``num_nodes`` nodes, each process on
+    one device of ``device_type`` (``"cpu"``, ``"cuda"``: the launcher's
+    :attr:`~Launcher.device_type`); None runs in the calling process.
 
     This makes the launcher the name says and decides nothing: the engine chose the
     name. The one thing it reads from the process is whether the script launcher
@@ -43,11 +65,15 @@ def launcher_for(name: str | None, *, num_processes: int, num_nodes: int,
     if not (isinstance(cls, type) and issubclass(cls, Launcher)):
         raise TypeError(f"launcher {name!r}: its factory {row.factory} is not a subclass "
                         "of interlock.strategies.launchers.Launcher")
-    return cls.for_job(row, num_processes=num_processes, num_nodes=num_nodes,
-                       cluster=cluster)
+    launcher = cls.for_job(row, num_processes=num_processes, num_nodes=num_nodes,
+                           cluster=cluster)
+    launcher.device_type = device_type
+    return launcher
 
 
 __all__ = [
+    "ERROR_FILE_ENV",
+    "RENDEZVOUS_ENV",
     "ExternalLauncher",
     "LaunchError",
     "Launcher",
@@ -55,5 +81,11 @@ __all__ = [
     "RankFailedError",
     "SubprocessScriptLauncher",
     "XLALauncher",
+    "failure_time",
+    "host_store",
     "launcher_for",
+    "limit_worker_threads",
+    "release_store",
+    "root_cause",
+    "set_worker_environment",
 ]

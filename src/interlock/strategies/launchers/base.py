@@ -61,6 +61,10 @@ class Launcher(ABC):
 
     #: the engine's launcher name (subprocess, spawn, fork, forkserver, xla, external)
     name: str
+    #: the kind of device each process it starts drives (``"cpu"``, ``"cuda"``, ...),
+    #: set by :func:`~interlock.strategies.launchers.launcher_for` from the strategy: a
+    #: launcher that reserves resources for its ranks (a cluster's GPUs) reads it
+    device_type: str = "cpu"
 
     @classmethod
     def for_job(cls, row: LauncherRow, *, num_processes: int, num_nodes: int,
@@ -109,6 +113,14 @@ def mark_failure_time(exc: BaseException) -> None:
     """Remember when ``exc`` was first seen (kept if already set)."""
     if not hasattr(exc, "_interlock_failed_at"):
         exc._interlock_failed_at = time.time()  # type: ignore[attr-defined]
+
+
+def failure_time(exc: BaseException) -> float:
+    """When ``exc`` was first seen in this rank (``time.time()``): the moment the
+    strategy recorded it, closest to the failure, else now. Launchers compare these
+    to name the rank that failed first (:func:`root_cause`)."""
+    mark_failure_time(exc)
+    return float(exc._interlock_failed_at)  # type: ignore[attr-defined]
 
 
 def record_failure(path: str | os.PathLike[str], exc: BaseException) -> None:
