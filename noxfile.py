@@ -15,6 +15,8 @@ nox.options.reuse_venv = "yes"
 nox.options.sessions = ["tests", "typecheck"]
 
 TORCH = os.environ.get("INTERLOCK_TORCH", "torch==2.13.0")
+#: the Ray the ray session (and ``bench -- ray``) installs; INTERLOCK_RAY overrides it
+RAY = os.environ.get("INTERLOCK_RAY", "ray>=2.10")
 # None: the interpreter nox itself runs on
 PYTHON = os.environ.get("INTERLOCK_PYTHON") or None
 
@@ -89,7 +91,8 @@ def bench(session: nox.Session) -> None:
     dependencies. ``nox -s bench -- plan ARGS`` (or ``runtime``, ``fsdp``,
     ``checkpoint``, ``parallelism``) runs one script with its own arguments; without
     arguments those five run with their defaults. ``-- cold-plan --before REV``
-    compares cold plan() with a revision.
+    compares cold plan() with a revision; ``-- ray`` installs the Ray integration and
+    compares its launcher with interlock's fork and spawn launchers.
     """
     session.install(TORCH)
     session.install("-r", "benchmarks/requirements.txt", TORCH)
@@ -107,10 +110,13 @@ def bench(session: nox.Session) -> None:
         session.run("python", "benchmarks/bench_parallelism.py", *rest)
     if which == "cold-plan":  # needs --before REV: not part of the default run
         session.run("python", "benchmarks/bench_cold_plan.py", *rest)
+    if which == "ray":  # installs ray and the integration: not part of the default run
+        session.install("-e", "integrations/ray", RAY, TORCH)
+        session.run("python", "benchmarks/bench_ray.py", *rest)
     if which not in ("", "plan", "runtime", "fsdp", "checkpoint", "parallelism",
-                     "cold-plan"):
+                     "cold-plan", "ray"):
         session.error(f"unknown benchmark {which!r}: use 'plan', 'runtime', 'fsdp', "
-                      "'checkpoint', 'parallelism' or 'cold-plan'")
+                      "'checkpoint', 'parallelism', 'cold-plan' or 'ray'")
 
 
 @nox.session(python=PYTHON)
@@ -236,6 +242,33 @@ def gpu(session: nox.Session) -> None:
                 "--report", "docs/conformance-report-gpu.json", *session.posargs)
     session.run("pytest", "-m", "gpu", "-n", workers, "--typeguard-packages=interlock",
                 "tests/runtime")
+
+
+#: the Ray integration's strategy rows, run through the conformance suite
+RAY_ROWS = ("ray_ddp", "ray_fsdp", "ray_model_parallel")
+
+
+@nox.session(python=PYTHON)
+def ray(session: nox.Session) -> None:
+    """The Ray integration, a package of its own (integrations/ray): mypy --strict and
+    ruff over it, its tests on a real Ray cluster of two raylets on this host, then
+    the conformance suite for its three rows at world sizes 1 and 2 against such a
+    cluster, written to docs/conformance-report-ray.json (arguments after -- go to
+    ``interlock conformance``).
+    """
+    session.install(TORCH)
+    session.install("-e", ".[dev]", TORCH)
+    session.install("-e", "integrations/ray[test]", RAY, TORCH)
+    session.run("mypy", "--strict", "integrations/ray/src", "integrations/ray/tests",
+                "integrations/ray/tools")
+    session.run("ruff", "check", "integrations/ray")
+    session.run("pytest", "integrations/ray/tests", "-p", "no:cacheprovider",
+                "--typeguard-packages=interlock,interlock_ray", "-m", "")
+    rows = [arg for row in RAY_ROWS for arg in ("--strategy", row)]
+    session.run("python", "integrations/ray/tools/with_cluster.py", "--nodes", "2",
+                "--cpus", "4", "--", "interlock", "conformance", *rows, "--runner", "cpu",
+                "--world-sizes", "1,2", "--workers", "2",
+                "--report", "docs/conformance-report-ray.json", *session.posargs)
 
 
 @nox.session(python=PYTHON)
