@@ -28,6 +28,7 @@ from interlock import (
     plan,
     register_package,
     register_strategy,
+    unregister_package,
 )
 from interlock.connector import parts_registry, registry
 from interlock.connector.docs import render_rules_markdown
@@ -590,3 +591,16 @@ def test_a_placement_description_that_fails_does_not_fail_the_plan() -> None:
                   machine=Machine(packages=frozenset({"ilk_gridlib"})))
     step = next(s for s in result.trace if s.rule == "launcher/own-environment")
     assert "placement description failed (KeyError" in step.reason
+
+
+@pytest.mark.usefixtures("clean")
+def test_a_package_a_registered_row_requires_cannot_be_unregistered() -> None:
+    register_package(HAS_GRID)
+    register_strategy(_grid_ddp(launcher="subprocess"))
+    with pytest.raises(RegistrationError, match="strategy 'ilk_grid_ddp' require it"):
+        unregister_package("ilk_gridlib")
+    with pytest.raises(RegistrationError, match="cannot unregister built-in"):
+        unregister_package("deepspeed")
+    registry.unregister_strategy("ilk_grid_ddp")
+    unregister_package("ilk_gridlib")
+    assert "ilk_gridlib" not in parts_registry.package_rows()

@@ -346,7 +346,21 @@ def register_package(row: PackageRow, *, source: str = "register_package()") -> 
 
 
 def unregister_package(name: str) -> None:
-    """Remove a registered optional package (built-in ones cannot be removed)."""
+    """Remove a registered optional package (built-in ones cannot be removed).
+
+    Raises:
+        RegistrationError: it is built in, or a registered row still requires it (its
+            refusals could no longer say how to install it): unregister those first.
+    """
+    _ensure_loaded()
+    users = sorted(
+        [f"{registry.noun} {row.name!r}" for registry in REGISTRIES.values()
+         for row in registry.rows.values() if name in getattr(row, "requires", ())]
+        + [f"strategy {spec.name!r}" for spec in _strategy_source().values()
+           if name in getattr(spec, "requires", ())])
+    if users and name not in PACKAGE_REGISTRY.builtin_names:
+        raise RegistrationError(f"cannot unregister optional package {name!r}: "
+                                f"{', '.join(users)} require it; unregister those first")
     unregister_part("packages", name)
 
 
@@ -561,6 +575,11 @@ class PartTables:
             return spec.accelerators
         return (spec.accelerators | by.get(spec.name, _EMPTY)
                 | by.get(spec.variant_of or "", _EMPTY))
+
+    def install_hint(self, package: str) -> str:
+        """How to install an optional package, for ``missing-package`` refusals."""
+        row = self.packages.get(package)
+        return row.install if row is not None else f"pip install {package}"
 
     def chooser_order(self, chooser: str) -> tuple[str, ...]:
         """The accelerators an input such as ``'auto'`` tries, in order: for

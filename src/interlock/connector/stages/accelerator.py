@@ -125,7 +125,7 @@ def _refuse_missing(ctx: AcceleratorDraft) -> str:
         flag="accelerator",
         value=ctx.accelerator_flag,
         reason=f"the {row.name} accelerator needs {', '.join(missing)}, which is not "
-        f"installed (install: {'; '.join(ctx.parts.packages[p].install for p in missing)}).",
+        f"installed (install: {'; '.join(ctx.parts.install_hint(p) for p in missing)}).",
         choices=_available_names(ctx),
     )
 

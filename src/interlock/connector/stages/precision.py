@@ -177,7 +177,7 @@ def _refuse_precision_missing(ctx: PrecisionDraft) -> str:
         flag=flag,
         value=value,
         reason=f"{ctx.precision!r} needs {', '.join(missing)}, which is not installed "
-        f"(install: {'; '.join(ctx.parts.packages[p].install for p in missing)}).",
+        f"(install: {'; '.join(ctx.parts.install_hint(p) for p in missing)}).",
         choices=_supported_precisions(ctx),
     )
 

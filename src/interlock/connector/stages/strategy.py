@@ -227,7 +227,7 @@ def _refuse_missing(ctx: StrategyDraft) -> str:
         flag="strategy",
         value=ctx.strategy_flag,
         reason=f"{spec.name!r} needs {', '.join(missing)}, which is not installed "
-        f"(install: {'; '.join(ctx.parts.packages[p].install for p in missing)}).",
+        f"(install: {'; '.join(ctx.parts.install_hint(p) for p in missing)}).",
         choices=tuple(n for n in _strategy_names(ctx) if not _missing(ctx.specs[n], ctx)),
     )
 
