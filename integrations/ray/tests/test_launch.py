@@ -118,14 +118,17 @@ def test_max_restarts_starts_new_actors_after_a_rank_dies(tmp_path: Path) -> Non
 def test_a_job_the_cluster_cannot_hold_is_refused_with_what_it_has() -> None:
     # 3 ranks of 2 CPUs on one node: no raylet has 6 CPUs
     job = strategy(devices=3, num_nodes=1, cpus_per_rank=2, placement_timeout=3)
-    with pytest.raises(LaunchError) as caught:
+    # it could never fit: said at once, before the timeout runs out
+    with pytest.raises(LaunchError) as caught, pytest.warns(
+            RuntimeWarning, match="cannot place the job on the cluster as it is"):
         job.launch(ranks.places, "/nonexistent")
     text = str(caught.value)
     assert "1 bundle(s) of CPU 6" in text and "alive node(s)" in text
     assert groups_left() == []
     # three nodes do not exist either: STRICT_SPREAD cannot place them
     job = strategy(devices=1, num_nodes=3, placement_timeout=3)
-    with pytest.raises(LaunchError, match="on 3 different nodes"):
+    with pytest.raises(LaunchError, match="on 3 different nodes"), pytest.warns(
+            RuntimeWarning, match="waiting up to 3 s for it to grow"):
         job.launch(ranks.places, "/nonexistent")
     assert groups_left() == []
 

@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,10 @@ from interlock_ray.placement import (
 if TYPE_CHECKING:
     from interlock import LauncherRow
     from interlock.strategies.environments import ClusterEnvironment
+
+#: How long a placement may take before the launcher checks whether the cluster could
+#: ever hold it (and warns at once when it could not).
+QUICK_PLACEMENT_S = 2.0
 
 #: How long the ranks still running get to record their own failure once one rank
 #: failed (a peer's "connection closed" is usually a consequence, recorded later).
@@ -227,16 +232,23 @@ class _Job:
         wanted = bundles(per_rank, launcher.num_processes, launcher.num_nodes)
         strategy = strategy_for(launcher.num_nodes)
         self.group = placement_group(wanted, strategy=strategy)
-        ready, _ = ray.wait([self.group.ready()], timeout=env.placement_timeout)
+        ready_ref = self.group.ready()
+        first = min(QUICK_PLACEMENT_S, env.placement_timeout)
+        ready, _ = ray.wait([ready_ref], timeout=first)
+        if not ready and env.placement_timeout > first:
+            if not _could_ever_fit(wanted, strategy):
+                # say so now rather than after the whole timeout: only an autoscaler
+                # adding nodes can still make room
+                warnings.warn(
+                    f"Ray cannot place the job on the cluster as it is ("
+                    f"{_shortfall(wanted, strategy)}); waiting up to "
+                    f"{env.placement_timeout:g} s for it to grow", RuntimeWarning,
+                    stacklevel=4)
+            ready, _ = ray.wait([ready_ref], timeout=env.placement_timeout - first)
         if not ready:
-            nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
-            alive = len([n for n in nodes if n.get("Alive")])
             raise LaunchError(
                 f"Ray could not place the job within {env.placement_timeout:g} s: "
-                + describe_shortfall(
-                    wanted, strategy,
-                    ray.cluster_resources(),  # type: ignore[no-untyped-call]
-                    ray.available_resources(), alive)  # type: ignore[no-untyped-call]
+                + _shortfall(wanted, strategy)
                 + ". Add nodes, ask for fewer devices or nodes, lower cpus_per_rank, or "
                 "raise RayEnvironment(placement_timeout=...) for an autoscaling cluster")
         actor = _actor_class()
@@ -366,6 +378,28 @@ class _Job:
                 except OSError:
                     pass
         self.where = []
+
+
+def _alive_nodes() -> list[dict[str, Any]]:
+    nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+    return [n for n in nodes if n.get("Alive")]
+
+
+def _shortfall(wanted: list[dict[str, float]], strategy: str) -> str:
+    return describe_shortfall(wanted, strategy,
+                              ray.cluster_resources(),  # type: ignore[no-untyped-call]
+                              ray.available_resources(),  # type: ignore[no-untyped-call]
+                              len(_alive_nodes()))
+
+
+def _could_ever_fit(wanted: list[dict[str, float]], strategy: str) -> bool:
+    """Whether the cluster's nodes, all of them free, could hold the bundles."""
+    totals = [dict(n.get("Resources") or {}) for n in _alive_nodes()]
+    if strategy == "STRICT_SPREAD":
+        fitting = [t for t in totals
+                   if all(t.get(k, 0.0) >= v for k, v in wanted[0].items())]
+        return len(fitting) >= len(wanted)
+    return any(all(t.get(k, 0.0) >= v for k, v in wanted[0].items()) for t in totals)
 
 
 def _node_address() -> str:
