@@ -34,6 +34,15 @@ class LocalCluster:
     creates_processes_externally = False
 
 
+class GridCluster:
+    """A cluster environment plugin of the kind a registered ``ilk_grid`` launcher runs
+    its ranks in (tests/test_rules_each.py registers it)."""
+
+    interlock_plugin_kind = "cluster_environment"
+    name = "ilk_grid"
+    creates_processes_externally = False
+
+
 class HalfDeclaredCluster:
     interlock_plugin_kind = "cluster_environment"
     name = "nameless"

@@ -29,6 +29,7 @@ from machines import (
 )
 from plugins import (
     BF16Plugin,
+    GridCluster,
     LocalCluster,
     MyCheckpointIO,
     NotAPlugin,
@@ -191,6 +192,9 @@ EXAMPLES: dict[str, tuple[Flags, Machine, str | None]] = {
                                           "start-method-unavailable"),
     "launcher/own": ({"devices": 2}, CPU, None),
     "launcher/own-environment": ({"strategy": "ilk_grid_ddp", "devices": 2}, CPU, None),
+    "launcher/foreign-environment": (
+        {"strategy": "ddp_fork", "devices": 2, "plugins": [GridCluster()]}, CPU,
+        "conflicting-flags"),
     "launcher/environment-conflict": (
         {"strategy": "ilk_grid_ddp", "devices": 2, "plugins": [LocalCluster()]}, CPU,
         "conflicting-flags"),
@@ -356,6 +360,7 @@ def grid_launcher() -> Iterator[None]:
 
 #: rules whose example needs more than flags and a machine: rule id -> fixture
 SETUPS = {"launcher/own-environment": "grid_launcher",
+          "launcher/foreign-environment": "grid_launcher",
           "launcher/environment-conflict": "grid_launcher",
           "parallelism/pp-precision": "pipeline_with_16_mixed",
           "flags/strategy-broken-entry-point": "broken_entry_point",

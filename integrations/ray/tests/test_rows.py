@@ -104,6 +104,13 @@ def test_a_ray_environment_plugin_is_accepted_and_another_cluster_is_refused() -
                        plugins=[LocalEnvironment()], machine=CPU_MACHINE)
     assert caught.value.code == "conflicting-flags"
     assert "ray cluster environment" in str(caught.value)
+    # and the Ray environment given to a strategy another launcher starts
+    with pytest.raises(ResolutionError) as caught:
+        interlock.plan(strategy="ddp_spawn", accelerator="cpu", devices=2,
+                       plugins=[RayEnvironment()], machine=CPU_MACHINE)
+    assert (caught.value.code, caught.value.rule) == ("conflicting-flags",
+                                                      "launcher/foreign-environment")
+    assert "ray_ddp" in caught.value.choices
 
 
 def test_bundles_hold_one_node_of_ranks_each() -> None:

@@ -436,6 +436,33 @@ def _places_elsewhere(ctx: StrategyDraft) -> bool:
     return row is not None and row.environment is not None
 
 
+def _owner_of_cluster(ctx: StrategyDraft) -> LauncherRow | None:
+    """The launcher whose ranks run in the given cluster environment plugin's cluster,
+    when that is another launcher than the strategy's."""
+    if not ctx.cluster_given:
+        return None
+    own = ctx.chosen_spec.launcher
+    return next((row for row in ctx.parts.launchers.values()
+                 if row.environment == ctx.cluster and row.name != own), None)
+
+
+def _refuse_foreign_environment(ctx: StrategyDraft) -> str:
+    owner = _owner_of_cluster(ctx)
+    assert owner is not None
+    users = tuple(sorted(n for n, spec in ctx.specs.items()
+                         if spec.launcher == owner.name and spec.variant_of is None))
+    refuse(
+        "conflicting-flags",
+        flag="plugins",
+        value=ctx.cluster,
+        reason=f"the {ctx.cluster} cluster environment is where the {owner.name} launcher "
+        f"runs its ranks, and {ctx.chosen_spec.name!r}{_chosen_how(ctx)} starts its "
+        f"processes with the {ctx.chosen_spec.launcher} launcher, in which that "
+        "environment would not know their ranks.",
+        choices=users,
+    )
+
+
 def _refuse_environment_conflict(ctx: StrategyDraft) -> str:
     row = _launcher_row(ctx)
     assert row is not None and row.environment is not None
@@ -515,6 +542,15 @@ LAUNCHER_CHOICE = Decision(
             and not _start_method_ok(_launcher_row(c), c),  # type: ignore[arg-type]
             then=_refuse_start_method,
             refuses="start-method-unavailable",
+        ),
+        Rule(
+            id="launcher/foreign-environment",
+            doc="A cluster environment plugin of the kind another launcher runs its ranks "
+            "in (`LauncherRow.environment`, the Ray environment say) was given to a "
+            "strategy that does not use that launcher.",
+            when=lambda c: _owner_of_cluster(c) is not None,
+            then=_refuse_foreign_environment,
+            refuses="conflicting-flags",
         ),
         Rule(
             id="launcher/environment-conflict",
