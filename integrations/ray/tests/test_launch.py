@@ -200,7 +200,12 @@ def test_a_driver_stopped_by_a_signal_kills_its_actors_first(
     import sys
 
     script = tmp_path / "driver.py"
+    # SIGINT as a user at a terminal has it: a test run started in the background of a
+    # non-interactive shell (``cmd &``) passes SIGINT on ignored, and the driver would
+    # rightly go on ignoring it
     script.write_text(f"""
+import signal
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import interlock, ranks
 from interlock_ray import RayEnvironment
 
@@ -212,16 +217,27 @@ strategy.launch(ranks.sleep_forever, {str(tmp_path)!r})
 """)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = str(Path(__file__).parent)
-    driver = subprocess.Popen([sys.executable, str(script)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # the driver's output goes to a file, not a pipe: Ray forwards the actors' logs to
+    # the driver's stderr, and a pipe nobody reads would block the driver once full
+    log = tmp_path / "driver.log"
+
+    def tail() -> str:
+        return log.read_text(errors="replace")[-3000:]
+
+    with log.open("wb") as sink:
+        driver = subprocess.Popen([sys.executable, str(script)], env=env,
+                                  stdout=sink, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
         while len(list(tmp_path.glob("*.pid"))) < 2:
-            assert driver.poll() is None, driver.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+            assert driver.poll() is None, tail()
             assert time.monotonic() < deadline, "the ranks never started"
             time.sleep(0.2)
         driver.send_signal(getattr(signal, signum))
-        code = driver.wait(60)
+        try:
+            code = driver.wait(60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the driver did not exit within 60 s of {signum}:\n{tail()}")
     finally:
         if driver.poll() is None:
             driver.kill()
