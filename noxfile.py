@@ -254,7 +254,7 @@ def ray(session: nox.Session) -> None:
     ruff over it, its tests on a real Ray cluster of two raylets on this host, then
     the conformance suite for its three rows at world sizes 1 and 2 against such a
     cluster, written to docs/conformance-report-ray.json (arguments after -- go to
-    ``interlock conformance``).
+    ``interlock conformance``; ``--strategy`` among them replaces the three rows).
     """
     session.install(TORCH)
     session.install("-e", ".[dev]", TORCH)
@@ -264,7 +264,9 @@ def ray(session: nox.Session) -> None:
     session.run("ruff", "check", "integrations/ray")
     session.run("pytest", "integrations/ray/tests", "-p", "no:cacheprovider",
                 "--typeguard-packages=interlock,interlock_ray", "-m", "")
-    rows = [arg for row in RAY_ROWS for arg in ("--strategy", row)]
+    # --strategy after -- chooses the rows instead of all three
+    chosen = any(arg.split("=")[0] == "--strategy" for arg in session.posargs)
+    rows = [] if chosen else [arg for row in RAY_ROWS for arg in ("--strategy", row)]
     session.run("python", "integrations/ray/tools/with_cluster.py", "--nodes", "2",
                 "--cpus", "4", "--", "interlock", "conformance", *rows, "--runner", "cpu",
                 "--world-sizes", "1,2", "--workers", "2",
