@@ -248,6 +248,23 @@ def gpu(session: nox.Session) -> None:
 RAY_ROWS = ("ray_ddp", "ray_fsdp", "ray_model_parallel")
 
 
+def _ray_rows_chosen(session: nox.Session) -> bool:
+    """Whether ``--strategy`` after -- chooses the Ray rows to run; a name that is not
+    one of them stops the session at once, before minutes of installs and tests."""
+    args = session.posargs
+    names = []
+    for i, arg in enumerate(args):
+        if arg == "--strategy":
+            names.append(args[i + 1] if i + 1 < len(args) else "")
+        elif arg.startswith("--strategy="):
+            names.append(arg.partition("=")[2])
+    wrong = [name for name in names if name not in RAY_ROWS]
+    if wrong:
+        session.error(f"--strategy {wrong[0]!r}: this session runs the Ray rows only "
+                      f"({', '.join(RAY_ROWS)})")
+    return bool(names)
+
+
 @nox.session(python=PYTHON)
 def ray(session: nox.Session) -> None:
     """The Ray integration, a package of its own (integrations/ray): mypy --strict and
@@ -256,6 +273,7 @@ def ray(session: nox.Session) -> None:
     cluster, written to docs/conformance-report-ray.json (arguments after -- go to
     ``interlock conformance``; ``--strategy`` among them replaces the three rows).
     """
+    chosen = _ray_rows_chosen(session)
     session.install(TORCH)
     session.install("-e", ".[dev]", TORCH)
     session.install("-e", "integrations/ray[test]", RAY, TORCH)
@@ -264,8 +282,6 @@ def ray(session: nox.Session) -> None:
     session.run("ruff", "check", "integrations/ray")
     session.run("pytest", "integrations/ray/tests", "-p", "no:cacheprovider",
                 "--typeguard-packages=interlock,interlock_ray", "-m", "")
-    # --strategy after -- chooses the rows instead of all three
-    chosen = any(arg.split("=")[0] == "--strategy" for arg in session.posargs)
     rows = [] if chosen else [arg for row in RAY_ROWS for arg in ("--strategy", row)]
     session.run("python", "integrations/ray/tools/with_cluster.py", "--nodes", "2",
                 "--cpus", "4", "--", "interlock", "conformance", *rows, "--runner", "cpu",
