@@ -293,6 +293,58 @@ def test_the_script_launcher_serves_several_launches(tmp_path: Path) -> None:
     assert proc.stdout.strip().splitlines()[-1] == "['fit', 2, [0, 1]] ['test', 2, [0, 1]]"
 
 
+CAUGHT_FAILURE = """
+import os
+import sys
+import interlock
+
+def work(strategy, fail):
+    if fail and strategy.global_rank == 1:
+        raise RuntimeError("rank 1 breaks on purpose")
+    return strategy.collective.all_gather_object(strategy.global_rank)
+
+def note(line):
+    with open(sys.argv[1], "a") as out:
+        out.write(f"{os.getpid()} {line}\\n")
+
+if __name__ == "__main__":
+    strategy = interlock.resolve(accelerator="cpu", devices=2, strategy="ddp")
+    try:
+        strategy.launch(work, True)
+    except Exception as error:
+        note(f"caught {type(error).__name__} rank={getattr(error, 'rank', None)}")
+    note(f"second launch returned {strategy.launch(work, False)}")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_whose_launch_failed_goes_no_further_in_the_script(tmp_path: Path) -> None:
+    """A script that catches a failed launch and goes on: only rank 0 goes on. The
+    re-run script of the failing rank must not return into the script as if it were
+    rank 0 (it would run rank 0's code, and meet the next launch as a stray)."""
+    script = tmp_path / "caught_failure.py"
+    script.write_text(CAUGHT_FAILURE)
+    log = tmp_path / "log.txt"
+    proc = subprocess.Popen([sys.executable, str(script), str(log)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _, stderr = proc.communicate(timeout=100)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "rank 1 breaks on purpose" in stderr  # the failing rank's traceback is shown
+    assert "ran past its launch" not in stderr
+    lines = [line.split(" ", 1) for line in log.read_text().splitlines()]
+    # rank 0 (this script's process) catches the failure naming rank 1 and launches
+    # again; the second launch's rank 1 replays the first launch's outcome (the same
+    # failure, so it takes the same path) and runs the second launch only
+    by_rank_zero = [what for pid, what in lines if pid == str(proc.pid)]
+    assert by_rank_zero == ["caught RankFailedError rank=1",
+                            "second launch returned [0, 1]"], lines
+    others = [what for pid, what in lines if pid != str(proc.pid)]
+    assert others == ["caught RankFailedError rank=1"], lines
+
+
 def test_the_script_launcher_rebuilds_the_command_line(tmp_path: Path) -> None:
     package = tmp_path / "ilkapp"
     package.mkdir()

@@ -38,6 +38,7 @@ from interlock.conformance.checks import (
 )
 from interlock.conformance.launch_checks import LaunchContext
 from interlock.conformance.table import CHECKS, Check, InDriver, InRanks, skip_reason
+from interlock.strategies.launchers import history as launch_history
 
 #: the process-group timeout of the main launch: a check that deadlocks the ranks
 #: fails after this instead of after the strategy's default (30 minutes)
@@ -288,7 +289,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     for module in args.imports:
         importlib.import_module(module)
+    # a rank the script launcher started by running this module again ends with its
+    # launch; should one ever get here, its view must not replace the driver's records
+    rerun = launch_history.is_script_child()
     records = drive(args)
+    if rerun:
+        print("interlock conformance: a rank started by re-running the driver reached "
+              "its end; only the driver writes the records", file=sys.stderr)
+        return 1
     temp = Path(args.out + ".tmp")
     temp.write_text(json.dumps(records, indent=1))
     temp.replace(args.out)

@@ -12,6 +12,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -247,9 +248,26 @@ def _run_as_child(index: int, entry: WorkerEntry, args: tuple[Any, ...],
     target = launch_history.target()
     if index != target:
         raise LaunchError("internal error: a child of the script launcher ran past its launch")
-    run_recording_errors(entry, args, kwargs)
+    try:
+        run_recording_errors(entry, args, kwargs)
+    except SystemExit:
+        raise  # an exit the entry asked for (a preempted rank's included)
+    except BaseException as exc:
+        # The script goes no further here, as after a success: a script that catches
+        # the failure of launch() (and goes on, or launches again) is rank 0's to go
+        # on with; this process would run its code as if it were rank 0. The failure
+        # is recorded for rank 0 already; print it as an uncaught one would be.
+        traceback.print_exception(exc, file=sys.stderr)
+        sys.stderr.flush()
+        raise SystemExit(_CHILD_INTERRUPTED if isinstance(exc, KeyboardInterrupt)
+                         else _CHILD_FAILED) from None
     # Rank 0 serves any later launch with new children; this one is done.
     raise SystemExit(0)
+
+
+#: a child's exit code when its launch raised, and when it was interrupted (Ctrl-C)
+_CHILD_FAILED = 1
+_CHILD_INTERRUPTED = 128 + int(signal.SIGINT)
 
 
 class _Watcher(threading.Thread):
