@@ -180,18 +180,21 @@ def _apt_install(session: nox.Session, *packages: str) -> None:
 @nox.session(python=PYTHON)
 def deepspeed(session: nox.Session) -> None:
     """DeepSpeed for real on the CPU runner: its runtime tests, then the conformance
-    suite for every DeepSpeed row, written to docs/conformance-report-deepspeed.json.
+    suite for every DeepSpeed row, written to docs/conformance-report-deepspeed.json
+    (arguments after -- go to ``interlock conformance``; ``--strategy`` among them
+    replaces the rows).
 
     DeepSpeed is an extra (``interlock[deepspeed]``), never a dependency; its ops build
     on first use (the shared-memory collective, and the asynchronous I/O op for NVMe
     offloading, which needs libaio: installed here on Debian as root).
     """
+    chosen = _rows_chosen(session, DEEPSPEED_ROWS, "DeepSpeed")
     _apt_install(session, "libaio-dev")
     session.install(TORCH)
     session.install("-e", ".[test,deepspeed]", TORCH)
     session.run("pytest", "tests/runtime/test_deepspeed_and_xla.py", "-k", "deepspeed",
                 "--typeguard-packages=interlock")
-    rows = [arg for row in DEEPSPEED_ROWS for arg in ("--strategy", row)]
+    rows = [] if chosen else [arg for row in DEEPSPEED_ROWS for arg in ("--strategy", row)]
     session.run("interlock", "conformance", *rows, "--runner", "cpu", "--workers", "2",
                 "--report", "docs/conformance-report-deepspeed.json", *session.posargs)
 
@@ -248,9 +251,9 @@ def gpu(session: nox.Session) -> None:
 RAY_ROWS = ("ray_ddp", "ray_fsdp", "ray_model_parallel")
 
 
-def _ray_rows_chosen(session: nox.Session) -> bool:
-    """Whether ``--strategy`` after -- chooses the Ray rows to run; a name that is not
-    one of them stops the session at once, before minutes of installs and tests."""
+def _rows_chosen(session: nox.Session, rows: tuple[str, ...], family: str) -> bool:
+    """Whether ``--strategy`` after -- chooses which of ``rows`` to run; a name that is
+    not one of them stops the session at once, before minutes of installs and tests."""
     args = session.posargs
     names = []
     for i, arg in enumerate(args):
@@ -258,10 +261,10 @@ def _ray_rows_chosen(session: nox.Session) -> bool:
             names.append(args[i + 1] if i + 1 < len(args) else "")
         elif arg.startswith("--strategy="):
             names.append(arg.partition("=")[2])
-    wrong = [name for name in names if name not in RAY_ROWS]
+    wrong = [name for name in names if name not in rows]
     if wrong:
-        session.error(f"--strategy {wrong[0]!r}: this session runs the Ray rows only "
-                      f"({', '.join(RAY_ROWS)})")
+        session.error(f"--strategy {wrong[0]!r}: this session runs the {family} rows only "
+                      f"({', '.join(rows)})")
     return bool(names)
 
 
@@ -273,7 +276,7 @@ def ray(session: nox.Session) -> None:
     cluster, written to docs/conformance-report-ray.json (arguments after -- go to
     ``interlock conformance``; ``--strategy`` among them replaces the three rows).
     """
-    chosen = _ray_rows_chosen(session)
+    chosen = _rows_chosen(session, RAY_ROWS, "Ray")
     session.install(TORCH)
     session.install("-e", ".[dev]", TORCH)
     session.install("-e", "integrations/ray[test]", RAY, TORCH)
