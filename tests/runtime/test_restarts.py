@@ -278,3 +278,34 @@ def test_the_script_launcher_restarts_a_killed_child(tmp_path: Path) -> None:
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines == ['RESULT ["earlier", [1, 3.0, 0]]'], done.stdout
     assert "attempt 0 failed (rank 1:" in done.stderr
+
+
+def test_an_interrupt_during_teardown_still_destroys_the_process_group(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The script launcher interrupts rank 0 from a thread when a child dies; landing
+    in rank 0's teardown, the interrupt must not leave the process group for the
+    restarted attempt to reuse (it would talk to the dead rank)."""
+    import torch.distributed as dist
+
+    from interlock.strategies.base import _run_worker
+
+    strategy = interlock.resolve(accelerator="cpu", devices=1, strategy="ddp")
+    cls = type(strategy)
+    real = cls.teardown
+    seen: list[bool] = []
+
+    def interrupted(self: Any) -> None:
+        seen.append(dist.is_initialized())
+        if len(seen) == 1:
+            raise KeyboardInterrupt  # the launcher's interrupt, at the teardown's start
+        real(self)
+
+    monkeypatch.setattr(cls, "teardown", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _run_worker(strategy, lambda s: s.all_reduce(torch.ones(1)).item(), (), {})
+        assert seen == [True, True]
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

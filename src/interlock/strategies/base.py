@@ -765,7 +765,22 @@ def _run_worker(strategy: Strategy, fn: Callable[..., T], args: tuple[Any, ...],
         report_failure(exc)
         raise
     finally:
+        _teardown_fully(strategy)
+
+
+def _teardown_fully(strategy: Strategy) -> None:
+    """``strategy.teardown()``, finished even when an interrupt cuts it short.
+
+    A launcher interrupts rank 0 from a thread (``_thread.interrupt_main``) as soon as
+    another rank dies; that interrupt can land while rank 0 is already tearing down
+    after the failure. A teardown stopped half-way would leave the process group in
+    place, and the restarted attempt would reuse it, talking to the dead rank. So the
+    teardown runs again (it is safe to call twice) before the interrupt goes on."""
+    try:
         strategy.teardown()
+    except KeyboardInterrupt:
+        strategy.teardown()
+        raise
 
 
 def _restore_full(strategy: Strategy, path: str | Path, state: dict[str, Any],
