@@ -278,6 +278,10 @@ class _Watcher(threading.Thread):
         self.children = children
         self.failure: tuple[int, int] | None = None
         self._done = threading.Event()
+        # held while deciding to interrupt, so that none comes once stop() has begun
+        # (rank 0 is then handling its own failure, and an interrupt landing in that
+        # handler would cut it short)
+        self._deciding = threading.Lock()
 
     def run(self) -> None:
         while not self._done.wait(0.05):
@@ -286,14 +290,18 @@ class _Watcher(threading.Thread):
                        if child.poll() != PREEMPTED_EXIT_CODE}
             failed = _first_failure(failing, wait=0)
             if failed is not None:
-                self.failure = failed
-                self._done.set()
-                _thread.interrupt_main()
+                with self._deciding:
+                    if self._done.is_set():
+                        return
+                    self.failure = failed
+                    self._done.set()
+                    _thread.interrupt_main()
                 return
 
     def stop(self) -> None:
         """Stop watching; once this returns the watcher interrupts no more."""
-        self._done.set()
+        with self._deciding:
+            self._done.set()
         if self.is_alive() and self is not threading.current_thread():
             self.join()
 
