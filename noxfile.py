@@ -263,8 +263,8 @@ def _rows_chosen(session: nox.Session, rows: tuple[str, ...], family: str) -> bo
             names.append(arg.partition("=")[2])
     wrong = [name for name in names if name not in rows]
     if wrong:
-        session.error(f"--strategy {wrong[0]!r}: this session runs the {family} rows only "
-                      f"({', '.join(rows)})")
+        session.error(f"--strategy {wrong[0]!r}: the {family} session runs the suite for "
+                      f"these rows only: {', '.join(rows)}")
     return bool(names)
 
 

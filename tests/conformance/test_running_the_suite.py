@@ -203,3 +203,25 @@ def test_verdicts_fail_a_run_that_checked_nothing_or_failed() -> None:
     explicit = Selection(cases, ["cuda"], explicit_runner=True)
     named = {(v.strategy, v.runner): v.verdict for v in verdicts(records, explicit)}
     assert named[("a", "cuda")] == "nothing checked", "a runner asked for is not optional"
+
+
+def test_a_rerun_rank_reaching_the_drivers_end_writes_no_records(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the driver writes --out: a rank the script launcher started by running the
+    driver again must never replace the driver's records with its own view."""
+    from interlock.conformance import driver
+    from interlock.strategies.launchers import history
+    from interlock.strategies.launchers.base import RENDEZVOUS_ENV
+
+    monkeypatch.setattr(driver, "drive", lambda args: [{"check": "x", "status": "passed"}])
+    argv = ["--strategy", "ddp", "--accelerator", "cpu", "--world-size", "2",
+            "--precisions", "32-true", "--workdir", str(tmp_path / "work")]
+    assert driver.main([*argv, "--out", str(tmp_path / "driver.json")]) == 0
+    assert json.loads((tmp_path / "driver.json").read_text())[0]["check"] == "x"
+
+    monkeypatch.setenv(history.LAUNCH_INDEX_ENV, "0")
+    monkeypatch.setenv(RENDEZVOUS_ENV, "127.0.0.1:1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert driver.main([*argv, "--out", str(tmp_path / "rerun.json")]) == 1
+    assert not (tmp_path / "rerun.json").exists()
+    assert not (tmp_path / "rerun.json.tmp").exists()
