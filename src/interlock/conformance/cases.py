@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from interlock.conformance.checks import ANY_PRECISION
 from interlock.conformance.declaration import strategy_accelerators, strategy_precisions
 from interlock.conformance.options import SuiteOptions
+from interlock.conformance.report import Declaration
 from interlock.conformance.runners import RUNNERS, available_runners, runner_devices
 from interlock.conformance.table import CHECKS, InPytest
 from interlock.connector.parts_registry import current_parts, install_hint
@@ -211,3 +212,18 @@ def select(options: SuiteOptions) -> Selection:
                          if RUNNERS[r] in strategy_accelerators(s))
     return Selection(cases, runners, not_here, explicit_runner=options.runner != "auto",
                      declared=declared)
+
+
+def declarations(selection: Selection, options: SuiteOptions) -> list[Declaration]:
+    """What the report declares for each (strategy, runner) pair of
+    ``selection.declared``: every precision the strategy declares on the runner's
+    accelerator (missing-package ones included, whatever ``--precisions`` kept) and the
+    world sizes asked for. A precision the run did not exercise is then unverified, never
+    silently left out."""
+    pairs = sorted(selection.declared)
+    specs = {spec.name: spec for spec in resolve_strategies(sorted({s for s, _ in pairs}))}
+    return [Declaration(strategy=strategy, runner=runner,
+                        precisions=tuple(precisions_for(specs[strategy], runner,
+                                                        include_unavailable=True)),
+                        world_sizes=options.world_sizes)
+            for strategy, runner in pairs]

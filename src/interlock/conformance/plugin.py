@@ -259,8 +259,12 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
         # a partial run would verify cells on part of the evidence
         terminalreporter.write_line(f"the run was interrupted: no report written to {path}")
     elif path is not None:
+        from interlock.conformance.cases import declarations
+
         try:
-            write_report(path, state.records, state.verdicts, state.selection.runners)
+            write_report(path, state.records, state.verdicts, state.selection.runners,
+                         options=state.options,
+                         declared=declarations(state.selection, state.options))
         except OSError as error:
             terminalreporter.write_line(f"the report could not be written to {path}: "
                                         f"{error.strerror or error}")

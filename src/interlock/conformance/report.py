@@ -7,6 +7,7 @@ import json
 import os
 import platform
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,11 @@ from interlock.output_files import write_text
 
 if TYPE_CHECKING:
     from interlock.conformance.cases import Selection
+    from interlock.conformance.options import SuiteOptions
+
+#: The report's layout version, written as ``"schema"``. A report without the field is
+#: a legacy report (schema 0): it has no ``suite``, ``options`` or ``declared``.
+REPORT_SCHEMA = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,6 +34,22 @@ class Record:
     check: str
     status: str  # passed, failed, skipped, xfailed, not run
     message: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Declaration:
+    """What a strategy declares on one runner, as the report lists it.
+
+    Attributes:
+        precisions: every precision the strategy declares on the runner's accelerator,
+            those whose package is missing here included.
+        world_sizes: the world sizes the run was asked for.
+    """
+
+    strategy: str
+    runner: str
+    precisions: tuple[str, ...]
+    world_sizes: tuple[int, ...]
 
 
 def machine() -> dict[str, Any]:
@@ -158,19 +180,35 @@ def runner_hosts(runners: list[str]) -> dict[str, str]:
 
 
 def write_report(path: Path, records: list[Record], verdict_list: list[Verdict] | None = None,
-                 runners: list[str] | None = None) -> None:
-    """Write the JSON report atomically: versions, machine, date, where each runner ran,
-    the verdicts and every record."""
+                 runners: list[str] | None = None, *, options: SuiteOptions | None = None,
+                 declared: Sequence[Declaration] = ()) -> None:
+    """Write the JSON report atomically: its schema, versions, the suite's checks, what
+    the run was asked for (``options``; null when not given), machine, date, where each
+    runner ran, what each (strategy, runner) declares, the verdicts and every record."""
     import torch
 
     from interlock import __version__
+    from interlock.conformance.table import CHECKS
 
+    asked = None if options is None else {
+        "runner": options.runner,
+        "world_sizes": list(options.world_sizes),
+        "precisions": None if options.precisions is None else list(options.precisions),
+    }
     report = {
+        "schema": REPORT_SCHEMA,
         "interlock": __version__,
         "torch": torch.__version__,
+        "suite": {"version": __version__, "checks": [check.id for check in CHECKS]},
+        "options": asked,
         "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
         "machine": machine(),
         "runners": runner_hosts(runners or sorted({r.runner for r in records})),
+        "declared": [
+            {"strategy": d.strategy, "runner": d.runner, "precisions": list(d.precisions),
+             "world_sizes": list(d.world_sizes)}
+            for d in sorted(declared, key=lambda d: (d.strategy, d.runner))
+        ],
         "verdicts": [
             {"strategy": v.strategy, "runner": v.runner, "verdict": v.verdict,
              "reason": v.reason} for v in verdict_list or []
