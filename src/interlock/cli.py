@@ -28,6 +28,10 @@ SIMULATE_HELP = (
 #: the subcommands, in the order the help lists them
 COMMANDS: tuple[str, ...] = ("plan", "matrix", "doctor", "conformance", "env")
 
+#: the install line that brings what ``interlock conformance`` runs on (pytest and
+#: pytest-xdist), said when they are missing
+CONFORMANCE_INSTALL = "pip install 'interlock[conformance]'"
+
 
 class UsageError(ValueError):
     """A command-line value that cannot be used."""
@@ -167,10 +171,25 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     check_output("--output", args.output)  # before the (long) evaluation, not after
     from interlock.matrix import PROFILES, evaluate, profile_named
 
+    if args.diff is not None:
+        return _matrix_diff(args)
+    if args.format == "text":
+        raise UsageError("--format text is the form of --diff; the matrix itself is md, "
+                         "html, csv, json or lock")
+    if args.format is None:
+        args.format = "md"
     if args.profiles:
         width = max(len(p.name) for p in PROFILES)
         for p in PROFILES:
             print(f"{p.name:<{width}}  {p.description}")
+        return 0
+    if args.format == "lock":
+        from interlock.matrix import lock
+
+        if args.profile is not None:
+            raise UsageError("--profile applies to --format csv and json (the cell dump); "
+                             "a lock holds every profile")
+        _write(lock.render(), args.output)
         return 0
     if args.format in ("md", "html"):
         from interlock.matrix import compat
@@ -204,6 +223,28 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     ]
     _write(json.dumps(rows) + "\n", args.output)
     return 0
+
+
+def _matrix_diff(args: argparse.Namespace) -> int:
+    """``interlock matrix --diff OLD [NEW]``: 0 when no cell changed, 1 when one did."""
+    from interlock.matrix.diff import LockFileError, run_diff
+
+    if args.profile is not None or args.profiles:
+        raise UsageError("--diff compares whole locks: --profile and --profiles do not "
+                         "apply to it")
+    fmt = args.format or "text"
+    if fmt not in ("text", "json"):
+        raise UsageError(f"--diff writes text or json, not {fmt}")
+    old, *rest = args.diff
+    if len(rest) > 1:
+        raise UsageError(f"--diff takes OLD_LOCK and at most one NEW_LOCK; got "
+                         f"{len(args.diff)} paths")
+    try:
+        code, text = run_diff(old, rest[0] if rest else None, fmt)
+    except LockFileError as error:
+        raise UsageError(str(error)) from None
+    _write(text if text.endswith("\n") else text + "\n", args.output)
+    return code
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -250,9 +291,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("matrix", help="the compatibility matrix: pages, or every cell")
     m.add_argument("--profile", help="only this machine profile (csv, json)")
-    m.add_argument("--format", choices=("md", "html", "csv", "json"), default="md")
+    m.add_argument("--format", choices=("md", "html", "csv", "json", "lock", "text"),
+                   default=None,
+                   help="md (default), html: the compatibility pages; csv, json: every "
+                   "cell; lock: this version's lock file, to --diff against after an "
+                   "upgrade; with --diff: text (default) or json")
     m.add_argument("--output", metavar="PATH", help="write here instead of stdout")
     m.add_argument("--profiles", action="store_true", help="list the machine profiles")
+    m.add_argument("--diff", nargs="+", metavar="LOCK",
+                   help="OLD_LOCK [NEW_LOCK]: the cells whose outcome changed between two "
+                   "lock files (NEW: what this interlock decides), grouped by rule and "
+                   "reason; exit 0 when none did, 1 when some did")
     m.set_defaults(func=cmd_matrix)
 
     d = sub.add_parser("doctor", help="what this machine can run, and why not the rest")
@@ -261,8 +310,13 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("conformance", help="run the conformance suite against strategies",
                        description="Run the conformance suite (through pytest) and print "
                        "a summary; extra arguments after -- go to pytest.")
-    c.add_argument("--strategy", action="append", required=True, metavar="NAME",
-                   help="a registered strategy (repeatable), or 'all'")
+    c.add_argument("--strategy", action="append", metavar="NAME",
+                   help="a registered strategy (repeatable), or 'all' (required unless "
+                   "--compare)")
+    c.add_argument("--compare", nargs=2, metavar=("OLD_REPORT", "NEW_REPORT"),
+                   help="compare two reports instead of running the suite: a scorecard "
+                   "per strategy and runner and what changed; exit 1 on a regression "
+                   "or a cell no longer verified")
     # the runners are the accelerator rows' (the suite's own list is the same, but
     # importing it would import torch for every command)
     runners = tuple(dict.fromkeys(r.runner for r in ACCELERATORS if r.runner is not None))
@@ -307,6 +361,14 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     import os
     import tempfile
 
+    if args.compare is not None:
+        return _compare_reports(args)
+    if not args.strategy:
+        raise UsageError("--strategy NAME is required (repeatable, or 'all'); or compare "
+                         "two reports with --compare OLD_REPORT NEW_REPORT")
+    if importlib.util.find_spec("pytest") is None:
+        raise UsageError("the conformance suite runs on pytest, which is not installed "
+                         f"here: {CONFORMANCE_INSTALL}")
     import pytest
 
     from interlock.conformance.options import OptionError, check_workers, validate
@@ -320,7 +382,8 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     except OptionError as error:
         raise UsageError(str(error)) from None
     if workers > 0 and importlib.util.find_spec("xdist") is None:
-        raise UsageError("--workers needs pytest-xdist (pip install pytest-xdist)")
+        raise UsageError(f"--workers needs pytest-xdist, which is not installed here: "
+                         f"{CONFORMANCE_INSTALL}")
     with tempfile.TemporaryDirectory(prefix="interlock-suite-config-") as config_dir:
         # an empty configuration file of the suite's own: pytest then reads no project
         # configuration, and its root directory is not the project's
@@ -356,6 +419,24 @@ def cmd_conformance(args: argparse.Namespace) -> int:
         finally:
             if addopts is not None:
                 os.environ["PYTEST_ADDOPTS"] = addopts
+
+
+def _compare_reports(args: argparse.Namespace) -> int:
+    """``interlock conformance --compare OLD NEW``: runs nothing, needs no pytest."""
+    from interlock.conformance.compare import ReportFileError, run_compare
+
+    given = [flag for flag, value in (("--strategy", args.strategy),
+                                      ("--report", args.report),
+                                      ("--precisions", args.precisions)) if value]
+    if given or args.pytest_args:
+        raise UsageError(f"--compare reads two reports and runs nothing: "
+                         f"{', '.join(given) or ' '.join(args.pytest_args)} does not apply")
+    try:
+        code, text = run_compare(*args.compare)
+    except ReportFileError as error:
+        raise UsageError(str(error)) from None
+    print(text, end="" if text.endswith("\n") else "\n")
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
