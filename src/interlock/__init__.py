@@ -40,6 +40,7 @@ from interlock.connector import (
     unregister_precision,
     unregister_strategy,
 )
+from interlock.deprecation import InterlockDeprecationWarning
 from interlock.resolving import resolve
 from interlock.seeding import seed_everything
 from interlock.strategies.rank_zero import rank_zero_logger
@@ -54,6 +55,7 @@ __all__ = [
     "CheckpointIORow",
     "CheckpointManager",
     "ClusterRow",
+    "InterlockDeprecationWarning",
     "LauncherRow",
     "Machine",
     "MeshLayout",

@@ -1,0 +1,68 @@
+"""The one deprecation helper: its wording, its removal arithmetic, and that a
+deprecated thing keeps working while it warns."""
+
+from __future__ import annotations
+
+import types
+import warnings
+
+import pytest
+
+import interlock
+from interlock.deprecation import (
+    InterlockDeprecationWarning,
+    deprecated,
+    moved_names,
+    removal_version,
+    warn_deprecated,
+)
+
+
+def test_one_whole_minor_release_warns_before_removal() -> None:
+    assert removal_version("0.2.0") == "0.4.0"
+    assert removal_version("0.2.5") == "0.4.0"
+    assert removal_version("1.9.1") == "1.11.0"
+    with pytest.raises(ValueError, match=r"'since' must be a release 'X.Y.Z'; got '0.2'"):
+        removal_version("0.2")
+
+
+def test_the_warning_names_the_replacement_the_release_and_the_removal() -> None:
+    def old_api() -> None:
+        warn_deprecated("resolve(old=...)", replacement="resolve(new=...)", since="0.2.0")
+
+    with pytest.warns(InterlockDeprecationWarning) as caught:
+        old_api()
+    assert str(caught[0].message) == (
+        "resolve(old=...) is deprecated since interlock 0.2.0 and may be removed in "
+        "0.4.0; use resolve(new=...) instead")
+    # the warning points at the user's line (this file), not at the helper
+    assert caught[0].filename == __file__
+    assert issubclass(interlock.InterlockDeprecationWarning, DeprecationWarning)
+
+
+def test_a_deprecated_function_still_runs_and_warns_at_the_call() -> None:
+    @deprecated(replacement="interlock.plan", since="0.2.0")
+    def old_plan(x: int, *, y: int = 1) -> int:
+        """Adds."""
+        return x + y
+
+    with pytest.warns(InterlockDeprecationWarning, match="old_plan is deprecated since "
+                      "interlock 0.2.0 .* use interlock.plan instead") as caught:
+        assert old_plan(2, y=3) == 5
+    assert caught[0].filename == __file__
+    assert old_plan.__name__ == "old_plan" and "Deprecated since 0.2.0" in (old_plan.__doc__
+                                                                            or "")
+
+
+def test_moved_names_keep_old_imports_working() -> None:
+    module = types.ModuleType("interlock_old_home")
+    module.__getattr__ = moved_names(  # type: ignore[method-assign]
+        "interlock_old_home", {"plan": "interlock.connector.planner:plan"}, since="0.2.0")
+    with pytest.warns(InterlockDeprecationWarning,
+                      match="interlock_old_home.plan is deprecated .* use "
+                      "interlock.connector.planner.plan instead"):
+        assert module.plan is interlock.plan
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+            _ = module.nothing
