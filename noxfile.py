@@ -1,4 +1,4 @@
-"""Development sessions: tests, typecheck, lint, docs, apidocs, bench, cluster, soak.
+"""Development sessions: tests, typecheck, lint, docs, apidocs, package, bench, cluster, soak.
 
 The torch requirement comes from INTERLOCK_TORCH (default ``torch==2.13.0``, a CPU
 build on machines that carry it locally); set it to test against another release.
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
+from pathlib import Path
 
 import nox
 
@@ -131,6 +133,61 @@ def conformance(session: nox.Session) -> None:
     session.run("interlock", "conformance", "--strategy", "all", "--workers", "2",
                 "--report", "docs/conformance-report.json", *session.posargs)
     session.run("python", "-m", "interlock.matrix.compat")
+
+
+@nox.session(python=PYTHON)
+def package(session: nox.Session) -> None:
+    """The distributions as a user gets them: build the sdist and the wheel, check what
+    they hold (tools/check_dist.py: no tests or junk, py.typed, the license files, the
+    sdist rebuilding the same wheel byte for byte), then install the wheel into a clean
+    environment and, from an empty folder outside the checkout, plan, refuse the suite
+    without its extra (one line, exit 2), check the committed matrix.lock against the
+    installed engine, install the extra and the example strategy package
+    (examples/plugin), run the suite for the strategies given after -- (default
+    single_device and that package's ddp_fp16_compress), and write and compare a
+    report."""
+    import tempfile
+
+    session.install("build")
+    dist = Path(session.create_tmp()) / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    session.run("python", "-m", "build", "--wheel", "--outdir", str(dist / "tree"))
+    # without --wheel/--sdist: the sdist, then a wheel built from that sdist
+    session.run("python", "-m", "build", "--outdir", str(dist / "sdist"))
+    (wheel,) = (dist / "tree").glob("*.whl")
+    (sdist,) = (dist / "sdist").glob("*.tar.gz")
+    (rebuilt,) = (dist / "sdist").glob("*.whl")
+    session.run("python", "tools/check_dist.py", "--wheel", str(wheel), "--sdist", str(sdist),
+                "--rebuilt", str(rebuilt))
+
+    # single_device, and a third-party strategy from its own package against the wheel
+    strategies = session.posargs or ["single_device", "ddp_fp16_compress"]
+    lock = Path("matrix.lock").absolute()
+    with tempfile.TemporaryDirectory(prefix="interlock-wheel-") as empty:
+        env = Path(empty) / "env"
+        session.run(sys.executable, "-m", "venv", str(env), external=True)
+        pip, interlock = str(env / "bin" / "pip"), str(env / "bin" / "interlock")
+        session.run(pip, "install", "-q", TORCH, external=True)
+        session.run(pip, "install", "-q", str(wheel), TORCH, external=True)
+        work = Path(empty) / "work"
+        work.mkdir()
+        with session.chdir(work):
+            session.run(interlock, "plan", "--simulate", "cuda=8", "--devices", "-1",
+                        "--strategy", "fsdp", "--precision", "bf16-mixed", external=True)
+            session.run(interlock, "matrix", "--diff", str(lock), external=True)
+            refused = session.run(interlock, "conformance", "--strategy", strategies[0],
+                                  external=True, success_codes=[2], silent=True)
+            if "interlock[conformance]" not in str(refused):
+                session.error(f"without pytest the suite must name its extra; said: "
+                              f"{refused!r}")
+        session.run(pip, "install", "-q", f"{wheel}[conformance]", TORCH, external=True)
+        session.run(pip, "install", "-q", "--no-deps", "examples/plugin", external=True)
+        with session.chdir(work):
+            chosen = [arg for name in strategies for arg in ("--strategy", name)]
+            session.run(interlock, "conformance", *chosen, "--workers", "2",
+                        "--report", "report.json", external=True)
+            session.run(interlock, "conformance", "--compare", "report.json", "report.json",
+                        external=True)
 
 
 #: torch_xla wheels exist only for its own torch releases (2.9.0 at the time of
