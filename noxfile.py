@@ -50,7 +50,7 @@ def typecheck(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff over the package and the tests."""
     session.install("ruff")
-    session.run("ruff", "check", "src", "tests", "noxfile.py", *session.posargs)
+    session.run("ruff", "check", "src", "tests", "noxfile.py", "tools", *session.posargs)
 
 
 @nox.session(python=PYTHON)
