@@ -4,24 +4,18 @@ command line fails here until the snapshot (and the CHANGELOG) say so."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from tool_modules import load_tool
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("api_snapshot", ROOT / "tools" /
-                                                  "api_snapshot.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("api_snapshot", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("api_snapshot")
 
 
 def test_the_public_api_matches_the_committed_snapshot(

@@ -3,15 +3,14 @@ real wheel and sdist): each kind of problem it exists for is caught and named.""
 
 from __future__ import annotations
 
-import importlib.util
 import io
-import sys
 import tarfile
 import zipfile
 from pathlib import Path
 from types import ModuleType
 
 import interlock
+from tool_modules import load_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSION = interlock.__version__
@@ -24,13 +23,7 @@ ENTRY_POINTS = ("[console_scripts]\ninterlock = interlock.cli:main\n\n"
 
 
 def _tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("check_dist", ROOT / "tools" /
-                                                  "check_dist.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("check_dist", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("check_dist")
 
 
 def _wheel(path: Path, files: dict[str, str]) -> Path:
