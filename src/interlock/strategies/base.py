@@ -40,9 +40,10 @@ from interlock.strategies.restarts import (
     restart_attempt,
     run_with_restarts,
 )
-from interlock.strategies.sharding import has_meta_tensors, make_storage_private, total_norm
+from interlock.strategies.sharding import clip_grad_norm, has_meta_tensors, make_storage_private
 
 if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
     from torch.utils.data import DataLoader
 
     from interlock.connector.planner import Plan
@@ -549,9 +550,15 @@ class Strategy(ABC):
                              "positive number, or float('inf') for the max norm")
         params = _owned_parameters(module, optimizer)
         self.precision.unscale_gradients(optimizer)
-        # over sharded gradients the norm is a DTensor: return it whole
-        return total_norm(torch.nn.utils.clip_grad_norm_(params, max_norm,
-                                                         norm_type=norm_type))
+        # the whole model's norm, over every kind of gradient, shard and stage
+        return clip_grad_norm(params, max_norm, norm_type, device=self.root_device,
+                              stages=self._pipeline_group())
+
+    def _pipeline_group(self) -> ProcessGroup | None:
+        """The group of ranks that hold the model's pipeline stages (each a different
+        part of the parameters), over which a gradient norm is combined; None where
+        every rank holds every layer."""
+        return None
 
     def clip_gradients_value(self, module: nn.Module, optimizer: Optimizer,
                              clip_value: float) -> None:

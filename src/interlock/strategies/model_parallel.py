@@ -14,7 +14,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 
-from interlock.connector.parallelism import Degree, Parallelism, fill
+from interlock.connector.parallelism import FLATTENED, Degree, Parallelism, fill
 from interlock.strategies import checkpointing
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.environments import ClusterEnvironment
@@ -37,6 +37,8 @@ from interlock.strategies.sharding import (
 )
 
 if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
     from interlock.strategies.parts import Parts
 
 #: ``parallelize_fn(module, device_mesh) -> module``: applies tensor parallelism
@@ -196,6 +198,7 @@ class ModelParallelStrategy(ParallelStrategy):
                 f"parallelize_fn returned {type(parallel).__name__}, not the nn.Module it "
                 "parallelised"
             )
+        self._check_data_parallel_sync(parallel)
         if on_meta:
             with rank0_random_stream(self.root_device):
                 materialize_meta(parallel, self.root_device)
@@ -213,6 +216,47 @@ class ModelParallelStrategy(ParallelStrategy):
             forward_context=self.precision.forward_context,
         )
 
+    def _check_data_parallel_sync(self, module: nn.Module) -> None:
+        """Refuse parameters that ``parallelize_fn`` left unsynchronised over a
+        data-parallel dimension of more than one rank.
+
+        Those ranks read different batches (:attr:`data_parallel_rank`), so a
+        parameter that nothing reduces over them trains a different replica on each.
+        A parameter is synchronised over a dimension when it is a DTensor whose mesh
+        spans it (FSDP2 over ``dp_shard``, HSDP over ``(dp_replicate, dp_shard)``) or
+        sits in a module that DDP or ``replicate`` wraps.
+
+        Raises:
+            ValueError: naming the parameters and the dimensions they miss.
+        """
+        degrees = self.parallelism
+        needed = [dim for dim in ("dp_replicate", "dp_shard") if int(getattr(degrees, dim)) > 1]
+        if not needed:
+            return
+        replicated = _replicated_prefixes(module)
+        missing: dict[str, list[str]] = {}
+        for name, param in module.named_parameters():
+            if any(name.startswith(prefix) for prefix in replicated):
+                continue
+            spans = _mesh_dims(param)
+            for dim in needed:
+                if dim not in spans:
+                    missing.setdefault(dim, []).append(name)
+        if not missing:
+            return
+        dims = ", ".join(missing)
+        names = sorted({n for names in missing.values() for n in names})
+        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        mesh = ('device_mesh["dp_replicate", "dp_shard"] (HSDP)' if len(needed) == 2
+                else f'device_mesh["{needed[0]}"]')
+        raise ValueError(
+            f"parallelize_fn left parameters not synchronised over {dims} "
+            f"(parallelism {degrees.describe()}): {shown}. The ranks of {dims} read "
+            "different batches, so these replicas would train apart. Apply fully_shard "
+            f"to the module on {mesh} in parallelize_fn, or plan with "
+            f"{' and '.join(f'{d}=1' for d in missing)}"
+        )
+
     def setup_module(self, module: nn.Module) -> StrategyModule:
         """As for every strategy; under pp > 1 the returned module's state dict is this
         rank's stage (the layers of the others are `nn.Identity`)."""
@@ -221,6 +265,10 @@ class ModelParallelStrategy(ParallelStrategy):
         if isinstance(runner, PipelineRunner) and runner.stage_module is not wrapped.module:
             return StrategyModule(runner, runner.stage_module, self.precision)
         return wrapped
+
+    def _pipeline_group(self) -> ProcessGroup | None:
+        # each pipeline rank holds one stage: a gradient norm is combined over them
+        return self.device_mesh["pp"].get_group() if int(self.parallelism.pp) > 1 else None
 
     def forward_backward(self, module: nn.Module, inputs: Any, target: Any,
                          loss_fn: Callable[[Any, Any], torch.Tensor]) -> torch.Tensor:
@@ -263,3 +311,32 @@ def unwrap_runner(module: nn.Module) -> PipelineRunner | None:
     """The pipeline runner inside a module ``setup_module`` returned, if any."""
     forward = getattr(module, "forward_module", module)
     return forward if isinstance(forward, PipelineRunner) else None
+
+
+def _mesh_dims(param: torch.Tensor) -> set[str]:
+    """The mesh dimensions a DTensor parameter spans (flattened groups and the older
+    names expanded); none for a plain tensor."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(param, DTensor):
+        return set()
+    from interlock.strategies.mesh import OLDER_NAMES
+
+    spans = {**{name: dims for name, (dims, _) in FLATTENED.items()}, **OLDER_NAMES}
+    found: set[str] = set()
+    for name in param.device_mesh.mesh_dim_names or ():
+        found.update(spans.get(name, (name,)))
+    return found
+
+
+def _replicated_prefixes(module: nn.Module) -> list[str]:
+    """Name prefixes of the submodules whose gradients DDP or composable ``replicate``
+    all-reduces (their parameters are synchronised without being DTensors)."""
+    from torch.distributed._composable.contract import _get_registry
+
+    prefixes: list[str] = []
+    for name, sub in module.named_modules():
+        registry = _get_registry(sub) or {}
+        if isinstance(sub, nn.parallel.DistributedDataParallel) or "replicate" in registry:
+            prefixes.append(f"{name}." if name else "")
+    return prefixes

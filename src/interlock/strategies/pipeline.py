@@ -81,7 +81,8 @@ class PipelineRunner(nn.Module):
         self._schedule_name = schedule
         self.microbatches = microbatches
         self._forward_context = forward_context
-        self._schedules: dict[int, Any] = {}
+        self._schedules: dict[str, Any] = {}
+        self._loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     @property
     def is_first(self) -> bool:
@@ -98,19 +99,50 @@ class PipelineRunner(nn.Module):
             "step instead of module(inputs)"
         )
 
-    def _schedule(self, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Any:
+    def _batch_shapes(self, inputs: torch.Tensor | None,
+                      target: torch.Tensor | None) -> tuple[int, ...]:
+        """The shapes of this step's batch as every stage sees them: the first stage's
+        inputs and the last stage's targets, agreed over the pipeline group (one small
+        all-reduce), so that every stage decides alike whether its schedule still fits.
+        """
+        width = 1 + _MAX_DIMS
+        mine = torch.full((2, width), -1, dtype=torch.int64)
+        for row, tensor, holds in ((0, inputs, self.is_first), (1, target, self.is_last)):
+            if holds and isinstance(tensor, torch.Tensor):
+                dims = list(tensor.shape)[:_MAX_DIMS]
+                mine[row, 0] = tensor.numel()
+                mine[row, 1:1 + len(dims)] = torch.tensor(dims, dtype=torch.int64)
+        agreed = mine.to(self._device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self._group)
+        return tuple(int(v) for v in agreed.flatten().tolist())
+
+    def _schedule(self, shapes: tuple[int, ...]) -> tuple[Any, bool]:
+        """The schedule for batches of ``shapes``, and whether it was built now.
+
+        Built once and kept while the batch shape stays: a new `PipelineStage` infers
+        its shapes by a real forward and backward, after which torch clears the
+        gradients of FSDP2 units (gradients accumulated by earlier steps would be lost).
+        """
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-        key = id(loss_fn)
-        if key not in self._schedules:
-            stage = PipelineStage(self.stage_module, self.stage_index, self.num_stages,
-                                  self._device, group=self._group)
-            kind = Schedule1F1B if self._schedule_name == "1F1B" else ScheduleGPipe
-            # scale_grads: each micro-batch's gradient is divided by their number, so a
-            # step equals one over the whole batch with a mean loss
-            self._schedules = {key: (kind(stage, n_microbatches=self.microbatches,
-                                          loss_fn=loss_fn, scale_grads=True), loss_fn)}
-        return self._schedules[key][0]
+        if self._schedules.get("shapes") == shapes:
+            return self._schedules["schedule"], False
+        stage = PipelineStage(self.stage_module, self.stage_index, self.num_stages,
+                              self._device, group=self._group)
+        kind = Schedule1F1B if self._schedule_name == "1F1B" else ScheduleGPipe
+        count = self.microbatches
+
+        def scaled(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            # Each micro-batch's loss is divided by their number, so a step equals one
+            # over the whole batch with a mean loss. Not scale_grads=True: the schedule
+            # would divide every .grad at the end of the step, gradients accumulated
+            # by earlier steps (gradient accumulation) included.
+            assert self._loss_fn is not None
+            return self._loss_fn(output, target) / count
+
+        schedule = kind(stage, n_microbatches=count, loss_fn=scaled, scale_grads=False)
+        self._schedules = {"shapes": shapes, "schedule": schedule}
+        return schedule, True
 
     def step(self, inputs: torch.Tensor | None, target: torch.Tensor | None,
              loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -128,7 +160,11 @@ class PipelineRunner(nn.Module):
                 "micro-batches of equal size: make the batch a multiple of "
                 "pipeline_microbatches"
             )
-        schedule = self._schedule(loss_fn)
+        schedule, fresh = self._schedule(self._batch_shapes(inputs, target))
+        self._loss_fn = loss_fn
+        # a schedule built now clears FSDP2 gradients: what earlier steps accumulated
+        # is set aside and added back
+        carried = _set_aside_gradients(self.stage_module) if fresh else {}
         losses: list[torch.Tensor] = []
         with self._forward_context():
             if self.is_first and self.is_last:
@@ -139,13 +175,40 @@ class PipelineRunner(nn.Module):
                 schedule.step(target=target, losses=losses)
             else:
                 schedule.step()
-        loss = (torch.stack([x.detach().float() for x in losses]).mean() if losses
+        self._loss_fn = None
+        _add_back_gradients(carried)
+        # the losses recorded are the scaled ones: their sum is the batch's mean loss
+        loss = (torch.stack([x.detach().float() for x in losses]).sum() if losses
                 else torch.zeros((), device=self._device))
         # the last stage has the loss; the others learn it (ranks of the pp group are
         # global ranks, the last stage's is the group's last)
         last = dist.get_global_rank(self._group, self.num_stages - 1)
         dist.broadcast(loss, src=last, group=self._group)
         return loss
+
+
+#: dimensions of a batch's shape compared when deciding whether a schedule still fits
+_MAX_DIMS = 7
+
+
+def _set_aside_gradients(module: nn.Module) -> dict[nn.Parameter, torch.Tensor]:
+    """Take the gradients off ``module``'s parameters (they are None after this)."""
+    carried: dict[nn.Parameter, torch.Tensor] = {}
+    for param in module.parameters():
+        if param.grad is not None:
+            carried[param] = param.grad
+            param.grad = None
+    return carried
+
+
+@torch.no_grad()
+def _add_back_gradients(carried: dict[nn.Parameter, torch.Tensor]) -> None:
+    """Add gradients set aside by `_set_aside_gradients` to what the parameters hold."""
+    for param, grad in carried.items():
+        if param.grad is None:
+            param.grad = grad
+        else:
+            param.grad.add_(grad)
 
 
 def pipeline_mesh_rank(mesh: DeviceMesh) -> int:

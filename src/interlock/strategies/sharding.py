@@ -160,3 +160,60 @@ def apply_activation_checkpointing(module: nn.Module,
 def total_norm(norm: torch.Tensor) -> torch.Tensor:
     """A norm computed over sharded gradients (a DTensor) as a plain tensor."""
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+def _norm_groups(grads: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """``grads`` grouped so that each group is one kind of tensor: DTensors of one mesh
+    and placement each, plain tensors by device (a foreach kernel takes one kind)."""
+    groups: dict[tuple[object, ...], list[torch.Tensor]] = {}
+    for grad in grads:
+        key: tuple[object, ...] = ((id(grad.device_mesh), tuple(grad.placements))
+                                   if isinstance(grad, DTensor) else ("local", grad.device))
+        groups.setdefault(key, []).append(grad)
+    return list(groups.values())
+
+
+@torch.no_grad()
+def clip_grad_norm(parameters: Sequence[torch.Tensor], max_norm: float, norm_type: float,
+                   *, device: torch.device,
+                   stages: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Clip the gradients of ``parameters`` by their total ``norm_type``-norm; return
+    that norm (a plain tensor) before clipping.
+
+    The norm is the one a single process would compute over the whole model:
+
+    - gradients of different kinds (plain tensors beside DTensors of a tensor-parallel
+      plan that left a layer replicated, DTensors of different meshes under FSDP x TP)
+      are measured group by group, each sharded group over its whole mesh, and the
+      group norms combined;
+    - under pipeline parallel each rank holds one stage's parameters: ``stages`` is the
+      pipeline group, over which the stages' norms are combined (sum of p-th powers, or
+      the max), so that every stage measures the whole model and clips with the same
+      coefficient.
+    """
+    grads = [p.grad for p in parameters if p.grad is not None]
+    groups = _norm_groups(grads)
+    if stages is None and len(groups) <= 1:
+        # one kind of gradient: torch's own clip, as it has always been
+        return total_norm(torch.nn.utils.clip_grad_norm_(parameters, max_norm,
+                                                         norm_type=norm_type))
+    p = float(norm_type)
+    parts = [total_norm(torch.nn.utils.get_total_norm(g, p)).float().to(device)
+             for g in groups]
+    norm = (torch.linalg.vector_norm(torch.stack(parts), p) if parts
+            else torch.zeros((), device=device))
+    if stages is not None:
+        if p == float("inf"):
+            dist.all_reduce(norm, op=dist.ReduceOp.MAX, group=stages)
+        else:
+            powered = norm.pow(p)
+            dist.all_reduce(powered, op=dist.ReduceOp.SUM, group=stages)
+            norm = powered.pow(1.0 / p)
+    coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for grad in grads:
+        local = grad.to_local() if isinstance(grad, DTensor) else grad
+        by_device.setdefault(local.device, []).append(local)
+    for where, tensors in by_device.items():
+        torch._foreach_mul_(tensors, coefficient.to(where))
+    return norm
