@@ -6,10 +6,12 @@ parallelize function leaves unsynchronised."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import together_workloads as tw
+import torch
 from harness import close, launch_forked
 from layout_workloads import shard_stage
 
@@ -101,3 +103,78 @@ def test_hsdp_through_a_parallelize_fn_trains_like_one_process() -> None:
     assert isinstance(strategy, ParallelStrategy)
     got = launch_forked(strategy, tw.train_clipped, 3, 2, 0.5)
     _compare("hsdp 2x2", got, 3, 2, 0.5)
+
+
+def _sharded_fsdp() -> Any:
+    from interlock.strategies.fsdp import FSDPStrategy
+
+    return FSDPStrategy(state_dict_type="sharded")
+
+
+#: name -> (strategy flag, devices, parallelism); each saves its own kind of checkpoint
+RESUMING: dict[str, tuple[Callable[[], Any], int, dict[str, int] | None]] = {
+    "single_device": (lambda: "single_device", 1, None),
+    "ddp_fork": (lambda: "ddp_fork", 2, None),
+    "fsdp full file": (lambda: "fsdp", 2, None),
+    "fsdp sharded": (_sharded_fsdp, 2, None),
+    "model_parallel dp_shard=2": (
+        lambda: ModelParallelStrategy(parallelize_fn=shard_stage), 2, {"dp_shard": 2}),
+}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", list(RESUMING))
+def test_a_resumed_run_with_dropout_equals_the_undisturbed_one(tmp_path: Path,
+                                                                name: str) -> None:
+    """The checkpoint carries every rank's random state (torch's, Python's, numpy's):
+    after loading, dropout masks and random jitter continue exactly, though the
+    resumed ranks were seeded otherwise."""
+    flag, devices, degrees = RESUMING[name]
+
+    def run(*args: Any) -> dict[str, torch.Tensor]:
+        strategy = interlock.resolve(strategy=flag(), accelerator="cpu", devices=devices,
+                                     machine=CPU, parallelism=degrees)
+        if isinstance(strategy, ParallelStrategy):
+            result: dict[str, torch.Tensor] = launch_forked(strategy, tw.train_with_dropout,
+                                                            *args)
+            return result
+        return strategy.launch(tw.train_with_dropout, *args)
+
+    path = str(tmp_path / "ckpt")
+    undisturbed = run(path, 6, 3, False)
+    resumed = run(path, 6, 3, True)
+    for key, value in undisturbed.items():
+        assert torch.equal(resumed[key], value), f"{name}: {key} differs after resuming"
+
+
+@pytest.mark.timeout(120)
+def test_random_state_from_another_world_size_is_not_restored_and_says_so(
+        tmp_path: Path) -> None:
+    path = str(tmp_path / "ckpt")
+    ddp = interlock.resolve(strategy="ddp_fork", accelerator="cpu", devices=2, machine=CPU)
+    assert isinstance(ddp, ParallelStrategy)
+    launch_forked(ddp, tw.train_with_dropout, path, 2, 2, False)
+    single = interlock.resolve(strategy="single_device", accelerator="cpu", machine=CPU)
+    torch.manual_seed(3)
+    expected = torch.get_rng_state()
+    with pytest.warns(RuntimeWarning, match=r"random state is from 2 ranks and this run "
+                      r"has 1: it is not restored"):
+        single.launch(lambda s: s.load_checkpoint(path, {"step": 0}))
+    assert torch.equal(torch.get_rng_state(), expected)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", ["fsdp full file", "fsdp sharded", "ddp_fork"])
+def test_a_model_with_tied_weights_resumes_from_its_checkpoint(tmp_path: Path,
+                                                              name: str) -> None:
+    """Every language model with tied embeddings: the head's weight is the embedding's,
+    before and after a load, and the resumed run equals one process."""
+    flag, devices, degrees = RESUMING[name]
+    path = str(tmp_path / "ckpt")
+    strategy = interlock.resolve(strategy=flag(), accelerator="cpu", devices=devices,
+                                 machine=CPU, parallelism=degrees)
+    assert isinstance(strategy, ParallelStrategy)
+    launch_forked(strategy, tw.train_tied, path, 4, 2, False)
+    resumed = launch_forked(strategy, tw.train_tied, path, 4, 2, True)
+    assert resumed["tied_live"], f"{name}: the load untied the head from the embedding"
+    close(resumed["params"], tw.baseline_tied(4), f"{name}: resumed, after 4 steps")

@@ -7,6 +7,7 @@ not restarted; and the plan's explanation of it.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -309,3 +310,47 @@ def test_an_interrupt_during_teardown_still_destroys_the_process_group(
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+DATA_ORDER_SCRIPT = textwrap.dedent("""
+    import json
+    import torch, interlock
+    from torch.utils.data import DataLoader
+    from interlock.strategies.restarts import RestartPolicy, restart_attempt
+
+    def epoch_order(strategy, fail):
+        interlock.seed_everything(7)
+        loader = strategy.setup_dataloader(DataLoader(list(range(22)), batch_size=2,
+                                                      shuffle=True))
+        order = [batch.tolist() for batch in loader]
+        if fail and restart_attempt() == 0 and strategy.global_rank == 1:
+            raise ValueError("deliberate failure in attempt 0")
+        return strategy.collective.all_gather_object(order)
+
+    if __name__ == "__main__":
+        strategy = interlock.resolve(accelerator="cpu", devices=2, strategy="ddp")
+        policy = RestartPolicy(max_restarts=1, backoff_s=0)
+        clean = strategy.launch(epoch_order, False, restart_policy=policy)
+        restarted = strategy.launch(epoch_order, True, restart_policy=policy)
+        if strategy.global_rank == 0:
+            print("RESULT " + json.dumps([clean, restarted]))
+""")
+
+
+@pytest.mark.timeout(180)
+def test_a_restart_under_the_script_launcher_keeps_the_data_order(tmp_path: Path) -> None:
+    """Rank 0 is the launching process and lives through every attempt and launch:
+    nothing it keeps between them (a count of loaders set up) may change what an
+    attempt computes. The restarted attempt, and a second launch, shuffle exactly
+    as the first clean one."""
+    script = tmp_path / "order.py"
+    script.write_text(DATA_ORDER_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=150, check=False, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert len(lines) == 1, done.stdout
+    clean, restarted = json.loads(lines[0][len("RESULT "):])
+    assert "attempt 0 failed (rank 1:" in done.stderr
+    assert restarted == clean
+    assert clean[0] != clean[1], "each rank reads its own share"

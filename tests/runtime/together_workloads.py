@@ -101,3 +101,106 @@ def hsdp(module: nn.Module, mesh: DeviceMesh) -> nn.Module:
 
     fully_shard(module, mesh=mesh["dp_replicate", "dp_shard"])
     return module
+
+
+def dropout_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.3), nn.Tanh(), nn.Linear(16, 1))
+
+
+def train_with_dropout(strategy: Strategy, path: str, steps: int, save_at: int,
+                       resume: bool) -> dict[str, torch.Tensor]:
+    """Adam on a model with dropout, each rank's inputs jittered by Python's and numpy's
+    generators; saves after step ``save_at``. With ``resume``, the ranks are seeded
+    otherwise, load that checkpoint and train the remaining steps: the checkpoint's
+    random state must make them draw what the undisturbed run drew."""
+    import random
+
+    import numpy
+
+    import interlock
+
+    interlock.seed_everything(99 if resume else 5, rank_offset=True)
+    net = strategy.setup_module(dropout_model())
+    opt = strategy.setup_optimizer(torch.optim.Adam(net.parameters(), lr=0.01))
+    state: dict[str, Any] = {"model": net, "optimizer": opt, "step": 0}
+    if resume:
+        strategy.load_checkpoint(path, state)
+    for step in range(state["step"], steps):
+        x, y = batch(step)
+        x = share(x, strategy) + 0.01 * random.random() + 0.01 * float(numpy.random.rand())
+        loss = nn.functional.mse_loss(net(x).float(), share(y, strategy))
+        strategy.backward(loss, net)
+        strategy.optimizer_step(opt)
+        opt.zero_grad()
+        if step + 1 == save_at and not resume:
+            state["step"] = save_at
+            strategy.save_checkpoint(path, state)
+    merged: dict[str, torch.Tensor] = {}
+    params: dict[str, torch.Tensor] = full(net.state_dict())
+    for part in strategy.collective.all_gather_object(params) if strategy.world_size > 1 \
+            else [params]:
+        merged.update(part)
+    return merged
+
+
+class TiedLM(nn.Module):
+    """A language model's shape: the head shares the embedding's weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(12, 8)
+        self.body = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 12, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(torch.tanh(self.body(self.embed(tokens))))
+        return out
+
+
+def tokens(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(300 + step)
+    return torch.randint(12, (8, 5), generator=g), torch.randint(12, (8, 5), generator=g)
+
+
+def train_tied(strategy: Strategy, path: str, steps: int, save_at: int,
+               resume: bool) -> dict[str, Any]:
+    """AdamW on `TiedLM`; saves after ``save_at`` steps, or (``resume``) loads that
+    checkpoint into a fresh model and trains the rest. Returns the parameters (merged)
+    and the optimizer state's keys."""
+    torch.manual_seed(0)
+    net = strategy.setup_module(TiedLM())
+    opt = strategy.setup_optimizer(torch.optim.AdamW(net.parameters(), lr=0.01))
+    state: dict[str, Any] = {"model": net, "optimizer": opt, "step": 0}
+    if resume:
+        strategy.load_checkpoint(path, state)
+    for step in range(state["step"], steps):
+        x, y = tokens(step)
+        out = net(share(x, strategy))
+        loss = nn.functional.cross_entropy(out.float().flatten(0, 1),
+                                           share(y, strategy).flatten())
+        strategy.backward(loss, net)
+        strategy.optimizer_step(opt)
+        opt.zero_grad()
+        if step + 1 == save_at and not resume:
+            state["step"] = save_at
+            strategy.save_checkpoint(path, state)
+    from interlock.strategies.module_wrapper import unwrap
+
+    inner = unwrap(net)
+    return {"params": full(net.state_dict()),
+            "tied_live": inner.get_submodule("head").weight
+            is inner.get_submodule("embed").weight}
+
+
+def baseline_tied(steps: int) -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    net = TiedLM()
+    opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+    for step in range(steps):
+        x, y = tokens(step)
+        nn.functional.cross_entropy(net(x).flatten(0, 1), y.flatten()).backward()  # type: ignore[no-untyped-call]
+        opt.step()
+        opt.zero_grad()
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}

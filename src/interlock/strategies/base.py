@@ -21,7 +21,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from interlock.connector.parts_registry import launcher_rows
-from interlock.strategies import checkpointing
+from interlock.strategies import checkpointing, random_state
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.collectives import Collective, ReduceOp
 from interlock.strategies.environments import ClusterEnvironment, LocalEnvironment
@@ -102,6 +102,8 @@ class Strategy(ABC):
         self._parts: Parts | None = None
         self._launcher: Launcher | None = None
         self.plan: Plan | None = None
+        # loaders set up in this attempt (each shuffles apart from the ones before)
+        self._loader_setups = 0
 
     @classmethod
     def from_plan(cls: type[S], plan: Plan) -> S:
@@ -653,9 +655,7 @@ class Strategy(ABC):
         """Save modules, optimizers, the precision's state and plain values (rank 0
         writes one file, atomically; every rank waits for it)."""
         checkpoint = {name: _state_of(value) for name, value in state.items()}
-        precision_state = self.precision.state_dict()
-        if precision_state:
-            checkpoint[PRECISION_KEY] = precision_state
+        checkpoint.update(checkpointing.runtime_entries(self))
         if self.is_global_zero:
             self.checkpoint_io.save_checkpoint(checkpoint, path)
         self.barrier()
@@ -755,7 +755,12 @@ def _run_attempt(attempt: int, strategy: Strategy, fn: Callable[..., T],
 
 def _run_worker(strategy: Strategy, fn: Callable[..., T], args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> T:
-    """What every process runs: set up, call the user's function, tear down."""
+    """What every process runs: set up, call the user's function, tear down.
+
+    Rank 0 of the script launcher (and a single process) runs every attempt and every
+    launch in the calling process: what the strategy counts per run starts again here,
+    so an attempt computes what a fresh process would."""
+    strategy._loader_setups = 0
     try:
         strategy.setup_environment()
         result = fn(strategy, *args, **kwargs)
@@ -807,5 +812,7 @@ def _restore_full(strategy: Strategy, path: str | Path, state: dict[str, Any],
         for name, target in list(state.items()):
             if not isinstance(target, (nn.Module, Optimizer)):
                 state[name] = checkpoint[name]
-    rest = {k: v for k, v in checkpoint.items() if k not in state and k != PRECISION_KEY}
+        random_state.restore(strategy, checkpoint.get(random_state.RANDOM_KEY))
+    rest = {k: v for k, v in checkpoint.items()
+            if k not in state and k not in checkpointing.RUNTIME_KEYS}
     return rest

@@ -47,16 +47,20 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
+from interlock.strategies import random_state
 from interlock.strategies.io import CheckpointLoadError, digest
 from interlock.strategies.io.base import load_with
 from interlock.strategies.io.torch_io import fsync_directory
 from interlock.strategies.module_wrapper import unwrap
+from interlock.strategies.random_state import RANDOM_KEY
 
 if TYPE_CHECKING:
     from interlock.strategies.base import Strategy
 
 #: checkpoint key under which the precision's state (the grad scaler's) travels
 PRECISION_KEY = "interlock/precision"
+#: the entries a checkpoint carries besides the state it was given
+RUNTIME_KEYS = frozenset((PRECISION_KEY, RANDOM_KEY))
 #: the file in a distributed checkpoint directory that holds the plain values
 PLAIN_FILE = "interlock.pt"
 _STAGING_SUFFIX = ".interlock-staging"
@@ -147,7 +151,11 @@ def optimizer_state_by_name(state: dict[str, Any], optimizer: Optimizer,
     Raises:
         CheckpointLoadError: when the saved groups do not match the optimizer's.
     """
-    names = {id(p): name for name, p in module.named_parameters(remove_duplicate=False)}
+    # a tied parameter (a head sharing the embedding's weight) goes by its first name,
+    # the canonical one torch's state-dict functions use, not by its alias
+    names: dict[int, str] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), name)
     order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
     saved = [i for group in state.get("param_groups", ()) for i in group["params"]]
     if sorted(saved) != list(range(len(order))):
@@ -188,9 +196,7 @@ def save_full(strategy: Strategy, path: str | Path, state: Mapping[str, Any]) ->
             )
         else:
             checkpoint[name] = value
-    precision_state = strategy.precision.state_dict()
-    if precision_state:
-        checkpoint[PRECISION_KEY] = precision_state
+    checkpoint.update(runtime_entries(strategy))
     if strategy.is_global_zero:
         strategy.checkpoint_io.save_checkpoint(checkpoint, path)
     strategy.barrier()
@@ -278,11 +284,23 @@ def missing_entries(path: str | Path, saved: Mapping[str, Any] | set[str],
     missing = sorted(name for name in state if name not in saved)
     if not missing:
         return None
-    present = sorted(k for k in saved if k != PRECISION_KEY)
+    present = sorted(k for k in saved if k not in RUNTIME_KEYS)
     return (
         f"checkpoint {str(path)!r} has no entr{'y' if len(missing) == 1 else 'ies'} "
         f"{', '.join(map(repr, missing))}; it has {', '.join(map(repr, present))}"
     )
+
+
+def runtime_entries(strategy: Strategy) -> dict[str, Any]:
+    """What every checkpoint carries besides the state given: the precision's state
+    (a grad scaler's), and every rank's random state (a collective where there are
+    several ranks; see `interlock.strategies.random_state`)."""
+    entries: dict[str, Any] = {}
+    precision_state = strategy.precision.state_dict()
+    if precision_state:
+        entries[PRECISION_KEY] = precision_state
+    entries[RANDOM_KEY] = random_state.gather(strategy)
+    return entries
 
 
 def _restore_plain(strategy: Strategy, state: dict[str, Any],
@@ -290,9 +308,11 @@ def _restore_plain(strategy: Strategy, state: dict[str, Any],
     precision_state = rest.pop(PRECISION_KEY, None)
     if precision_state is not None:
         strategy.precision.load_state_dict(precision_state)
+    saved_random = rest.pop(RANDOM_KEY, None)
     for name, target in list(state.items()):
         if not isinstance(target, (nn.Module, Optimizer)):
             state[name] = rest.pop(name)
+    random_state.restore(strategy, saved_random)  # last: after nothing else can fail
     return rest
 
 
@@ -522,9 +542,7 @@ def split_state(strategy: Strategy, state: Mapping[str, Any]
             tensors[name] = get_optimizer_state_dict(owners[name], value)
         else:
             plain[name] = value
-    precision_state = strategy.precision.state_dict()
-    if precision_state:
-        plain[PRECISION_KEY] = precision_state
+    plain.update(runtime_entries(strategy))
     return tensors, plain
 
 

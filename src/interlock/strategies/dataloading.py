@@ -56,8 +56,6 @@ ShareMode = Literal["pad", "drop", "stride"]
 
 # tags that keep the seeds derived from one agreed seed apart
 _ORDER, _WORKERS = 1, 2
-# counts setup calls so that loaders set up one after another shuffle differently
-_setups = itertools.count()
 
 
 class StrategyDataLoader:
@@ -196,10 +194,21 @@ def _for_this_rank(strategy: Strategy, loader: DataLoader[Any], replicas: int, r
         )
     # peek, do not draw: setting a loader up leaves every random stream where it was
     seed = strategy.broadcast(derive_seed(_peek(_shuffle_generator(loader, sampler)),
-                                          next(_setups)), src=0)
+                                          _next_setup(strategy)), src=0)
     worker_seed = derive_seed(seed, _WORKERS, rank) if seed_workers_enabled() else None
     return shard_loader(loader, replicas=replicas, rank=rank, seed=seed,
                         evaluation=evaluation, worker_seed=worker_seed)
+
+
+def _next_setup(strategy: Strategy) -> int:
+    """How many loaders this attempt set up before this one (each loader's shuffle seed
+    mixes it in, so loaders set up one after another shuffle apart). Kept on the
+    strategy and counted from 0 again at every launch and attempt: rank 0 of the script
+    launcher runs them all in one process, and a count that lived on would change the
+    data order of a restarted attempt."""
+    count = int(getattr(strategy, "_loader_setups", 0))
+    strategy._loader_setups = count + 1
+    return count
 
 
 def shard_loader(loader: DataLoader[Any], *, replicas: int, rank: int, seed: int,

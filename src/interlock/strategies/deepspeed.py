@@ -21,6 +21,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from interlock.connector.tables import INSTALL_HINTS
+from interlock.strategies import random_state
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.deepspeed_config import deepspeed_config
 from interlock.strategies.environments import ClusterEnvironment
@@ -29,6 +30,7 @@ from interlock.strategies.module_wrapper import StrategyModule, unwrap
 from interlock.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 from interlock.strategies.precision import Precision
 from interlock.strategies.precision.deepspeed import DeepSpeedPrecision, LossScale
+from interlock.strategies.random_state import RANDOM_KEY
 
 #: the entry of a DeepSpeed checkpoint that lists the caller's plain entries
 CLIENT_KEYS = "interlock_client_keys"
@@ -335,7 +337,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         """A DeepSpeed checkpoint directory (every rank writes its partitions); the
         engine's module and optimizer are saved by the engine, plain values with them."""
         plain = self._plain_values(state)
-        for reserved in (CLIENT_KEYS, PRECISION_STATE):
+        for reserved in (CLIENT_KEYS, PRECISION_STATE, RANDOM_KEY):
             if reserved in plain:
                 raise ValueError(f"{reserved!r} is reserved in DeepSpeed checkpoints")
         # which entries are the caller's: DeepSpeed returns its own with them on load
@@ -343,6 +345,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         precision_state = self.precision.state_dict()
         if precision_state:
             client[PRECISION_STATE] = precision_state
+        client[RANDOM_KEY] = random_state.gather(self)  # every rank's, rank 0 writes
         self.engine.save_checkpoint(str(path), client_state=client)
 
     def load_checkpoint(self, path: str | Path, state: dict[str, Any],
@@ -375,11 +378,12 @@ class DeepSpeedStrategy(ParallelStrategy):
         if isinstance(precision_state, dict):
             self.precision.load_state_dict(precision_state)
             self._apply_loss_scale()
+        random_state.restore(self, client.get(RANDOM_KEY))
         # the caller's other entries; a checkpoint written by DeepSpeed directly does
         # not say which are the caller's, so it gets every entry but the asked ones
         theirs = client.get(CLIENT_KEYS, list(client))
         return {k: client[k] for k in theirs if k in client and k not in plain
-                and k not in (CLIENT_KEYS, PRECISION_STATE)}
+                and k not in (CLIENT_KEYS, PRECISION_STATE, RANDOM_KEY)}
 
     def _plain_values(self, state: Mapping[str, Any]) -> dict[str, Any]:
         engine_module = unwrap(self.engine.module) if self._engine is not None else None

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from interlock.strategies import random_state
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.accelerators.xla import import_torch_xla
 from interlock.strategies.base import Strategy
@@ -28,6 +29,7 @@ from interlock.strategies.io.base import load_with
 from interlock.strategies.launchers.xla import torch_xla_environment
 from interlock.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 from interlock.strategies.precision import Precision
+from interlock.strategies.random_state import RANDOM_KEY
 
 T = TypeVar("T")
 
@@ -272,6 +274,8 @@ class XLAFSDPStrategy(ParallelStrategy):
         precision_state = self.precision.state_dict()
         if precision_state:
             shards[PRECISION_KEY] = precision_state
+        # this rank's own file carries this rank's random state (CPU, Python, numpy)
+        shards[RANDOM_KEY] = random_state.capture(self.root_device)
         self.checkpoint_io.save_checkpoint(shards, Path(path) / f"rank-{self.global_rank}.pt")
         self.barrier()
 
@@ -289,6 +293,7 @@ class XLAFSDPStrategy(ParallelStrategy):
         precision_state = checkpoint.pop(PRECISION_KEY, None)
         if precision_state is not None:
             self.precision.load_state_dict(precision_state)
+        saved_random = checkpoint.pop(RANDOM_KEY, None)
         for name, target in state.items():
             value = checkpoint.pop(name)
             if isinstance(target, nn.Module):
@@ -297,6 +302,8 @@ class XLAFSDPStrategy(ParallelStrategy):
                 target.load_state_dict(value)
             else:
                 state[name] = value
+        if isinstance(saved_random, dict):
+            random_state.restore_own(saved_random, self.root_device)
         return checkpoint
 
 
