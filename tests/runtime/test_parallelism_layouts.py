@@ -150,8 +150,12 @@ def test_the_other_way_round_fsdp4_ddp2_and_one_process_load_into_the_layouts(
 def test_the_default_split_keeps_every_layer_name() -> None:
     from interlock.strategies.pipeline import split_sequential
 
-    with pytest.raises(ValueError, match=r"pp=4 stages, but the model has 3 layers"):
+    with pytest.raises(ValueError, match=r"pp=4 stages, but the model has 2 layers "
+                       r"with parameters \(children of its nn.Sequential: Linear, Linear\)"):
         split_sequential(workloads.model(), 0, 4)
+    # three children, but the middle one (Tanh) has nothing to train: not a stage
+    with pytest.raises(ValueError, match=r"pp=3 stages, but the model has 2 layers"):
+        split_sequential(workloads.model(), 0, 3)
     with pytest.raises(ValueError, match=r"splits an nn\.Sequential by default"):
         split_sequential(torch.nn.Linear(2, 2), 0, 2)
     first, last = (split_sequential(workloads.model(), s, 2) for s in (0, 1))
@@ -159,6 +163,27 @@ def test_the_default_split_keeps_every_layer_name() -> None:
     assert [type(m).__name__ for m in first] == ["Linear", "Tanh", "Identity"]
     assert [type(m).__name__ for m in last] == ["Identity", "Identity", "Linear"]
     assert set(last.state_dict()) == {"2.weight", "2.bias"}
+
+
+@pytest.mark.timeout(120)
+def test_the_default_split_gives_every_stage_layers_with_parameters() -> None:
+    """Eight children, four with parameters, four stages: one Linear each, the
+    activation after a layer kept with it."""
+    from interlock.strategies.pipeline import split_sequential
+
+    def net() -> torch.nn.Sequential:
+        layers: list[torch.nn.Module] = [torch.nn.Dropout(0.1)]
+        for _ in range(4):
+            layers += [torch.nn.Linear(4, 4), torch.nn.ReLU()]
+        return torch.nn.Sequential(*layers[:-1])
+
+    kept = [[type(m).__name__ for m in split_sequential(net(), s, 4)
+             if not isinstance(m, torch.nn.Identity)] for s in range(4)]
+    assert kept == [["Dropout", "Linear", "ReLU"], ["Linear", "ReLU"], ["Linear", "ReLU"],
+                    ["Linear"]]
+    uneven = [sum(isinstance(m, torch.nn.Linear) for m in split_sequential(net(), s, 3))
+              for s in range(3)]
+    assert uneven == [2, 1, 1]
 
 
 @pytest.mark.timeout(120)

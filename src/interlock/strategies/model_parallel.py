@@ -73,7 +73,8 @@ class ModelParallelStrategy(ParallelStrategy):
             1F1B needs at least pp); the batch must divide into them.
         pipeline_split_fn: ``fn(module, stage, num_stages) -> stage module`` keeping
             stage ``stage``'s layers under their own names; default: an
-            ``nn.Sequential`` cut into runs of consecutive children.
+            ``nn.Sequential`` cut into runs of consecutive children, every stage
+            with a fair share of the children that have parameters.
         backend, timeout: as for every parallel strategy.
     """
 

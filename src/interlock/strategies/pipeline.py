@@ -33,11 +33,14 @@ ScheduleName = Literal["1F1B", "GPipe"]
 
 def split_sequential(module: nn.Module, stage: int, num_stages: int) -> nn.Module:
     """The default split: an `nn.Sequential` cut into ``num_stages`` runs of
-    consecutive children, as even as possible (earlier stages take one more).
+    consecutive children, each holding as even a share of the layers with parameters
+    as can be (earlier stages take one more). A child without parameters (an
+    activation, dropout) goes with the layer before it, so no stage is left with
+    nothing to train; those before the first such layer go to the first stage.
 
     Raises:
-        ValueError: ``module`` is not an `nn.Sequential`, or has fewer children than
-            stages.
+        ValueError: ``module`` is not an `nn.Sequential`, or has fewer layers with
+            parameters than stages.
     """
     if not isinstance(module, nn.Sequential):
         raise ValueError(
@@ -45,17 +48,24 @@ def split_sequential(module: nn.Module, stage: int, num_stages: int) -> nn.Modul
             f"{type(module).__name__}: pass ModelParallelStrategy(pipeline_split_fn="
             "fn(module, stage, num_stages) -> stage module)"
         )
-    layers = len(module)
-    if layers < num_stages:
+    children = list(module)
+    weighted = [i for i, child in enumerate(children)
+                if any(True for _ in child.parameters())]
+    if len(weighted) < num_stages:
+        names = ", ".join(type(children[i]).__name__ for i in weighted) or "none"
         raise ValueError(
-            f"pp={num_stages} stages, but the model has {layers} layer"
-            f"{'s' if layers != 1 else ''} (children of its nn.Sequential); every stage "
-            f"needs at least one: choose pp <= {layers}"
+            f"pp={num_stages} stages, but the model has {len(weighted)} layer"
+            f"{'s' if len(weighted) != 1 else ''} with parameters (children of its "
+            f"nn.Sequential: {names}); every stage needs at least one to train: choose "
+            f"pp <= {len(weighted)}, or pass a pipeline_split_fn"
         )
-    size, extra = divmod(layers, num_stages)
-    first = stage * size + min(stage, extra)
-    last = first + size + (1 if stage < extra else 0)
-    for index in range(layers):
+    size, extra = divmod(len(weighted), num_stages)
+    starts = [0]  # where each stage's run of children begins
+    for s in range(1, num_stages):
+        starts.append(weighted[s * size + min(s, extra)])
+    first = starts[stage]
+    last = starts[stage + 1] if stage + 1 < num_stages else len(children)
+    for index in range(len(children)):
         if not first <= index < last:
             module[index] = nn.Identity()
     return module
