@@ -99,6 +99,31 @@ def test_accepted_ddp_options_reach_distributed_data_parallel(
     assert strategy.ddp_kwargs["broadcast_buffers"] is False
 
 
+class KwargsDDP(DDPStrategy):
+    """A subclass written the ordinary Python way: its constructor passes **kwargs on."""
+
+    def __init__(self, *, note: str = "", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.note = note
+
+
+def test_a_subclass_passing_kwargs_on_takes_the_options_of_its_parents(
+    registered: list[StrategySpec],
+) -> None:
+    spec = _spec("kwargs_subclass_probe", f"{__name__}:KwargsDDP",
+                 {"start_method": "fork", "note": "mine", "bucket_cap_mb": 5})
+    interlock.register_strategy(spec)
+    registered.append(spec)
+    strategy = interlock.resolve(strategy=spec.name, devices=2, machine=CPU)
+    assert isinstance(strategy, KwargsDDP)
+    assert (strategy.start_method, strategy.note) == ("fork", "mine")
+    assert strategy.ddp_kwargs["bucket_cap_mb"] == 5
+    # what neither the subclass, DDPStrategy nor DistributedDataParallel takes: refused
+    error = _refusal(registered, _spec("kwargs_subclass_bad_probe", f"{__name__}:KwargsDDP",
+                                       {"start_method": "fork", "bucket_cap_mv": 5}))
+    assert (error.code, error.suggestion) == ("unknown-option", "bucket_cap_mb")
+
+
 def test_ddp_strategy_refuses_unknown_keywords_at_construction() -> None:
     with pytest.raises(ResolutionError) as info:
         DDPStrategy(start_method="fork", find_unused_paramters=True)

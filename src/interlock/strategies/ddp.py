@@ -54,6 +54,24 @@ def _refuse_unknown_ddp_kwargs(keys: Iterable[str], strategy: str) -> None:
         )
 
 
+def _constructor_parameters(cls: type[DDPStrategy]) -> set[str]:
+    """The keyword parameters ``cls(...)`` takes itself: those of its constructor and,
+    where a subclass's constructor passes ``**kwargs`` on (``super().__init__(**kwargs)``,
+    the ordinary way to extend one), those of the constructors up the hierarchy, as far
+    as DDPStrategy's (whose own ``**ddp_kwargs`` go to DistributedDataParallel)."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters.values()
+        names.update(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD,
+                                                           p.KEYWORD_ONLY))
+        if klass is DDPStrategy or not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return names
+
+
 class DDPStrategy(ParallelStrategy):
     """Data parallel: a full replica per process, gradients averaged in backward.
 
@@ -119,7 +137,7 @@ class DDPStrategy(ParallelStrategy):
 
     @classmethod
     def _check_options(cls, options: Mapping[str, object], strategy: str) -> None:
-        own = inspect.signature(cls).parameters
+        own = _constructor_parameters(cls)
         _refuse_unknown_ddp_kwargs((k for k in options if k not in own), strategy)
 
     @property
