@@ -193,6 +193,21 @@ def test_a_batch_script_running_python_directly_launches_itself() -> None:
     assert any("batch script" in note for note in result.notes), result.notes
 
 
+def test_a_batch_script_without_srun_on_two_nodes_is_refused_with_the_way_out() -> None:
+    """sbatch -N2 running python directly: only this node's processes would start, and
+    they would wait for the other node's for ever."""
+    for job_name in ("myjob", "interactive"):
+        env = {**slurm(8, "4", 2, job_name=job_name, step=False).environ, "SLURM_PROCID": "0"}
+        error = refusal(Machine(cuda_devices=4, environ=env), devices=4, num_nodes=2)
+        assert (error.code, error.flag, error.choices) == ("cluster-mismatch", "num_nodes",
+                                                           ("1",))
+        assert "srun did not start this process" in error.reason
+        assert "srun --ntasks-per-node" in error.reason
+    one_node = {**slurm(8, "4", 2, step=False).environ, "SLURM_PROCID": "0"}
+    assert plan(devices=4, num_nodes=1,
+                machine=Machine(cuda_devices=4, environ=one_node)).launcher == "subprocess"
+
+
 def test_fewer_tasks_than_tasks_per_node_makes_up_no_devices() -> None:
     # sbatch --ntasks=2 --ntasks-per-node=4; srun python train.py: two processes exist
     partial = slurm(2, "4", 1)

@@ -147,6 +147,8 @@ EXAMPLES: dict[str, tuple[Flags, Machine, str | None]] = {
     "cluster/slurm-interactive": ({"devices": 2},
                                   slurm(1, "1", 1, job_name="bash", step=False), None),
     "cluster/slurm-without-step": ({"devices": 4}, slurm(4, "4", 1, step=False), None),
+    "cluster/slurm-without-step-multinode": ({"devices": 4, "num_nodes": 2},
+                                             slurm(8, "4", 2, step=False), "cluster-mismatch"),
     "cluster/slurm-single-task": ({"devices": 2}, slurm(1, "1", 1), None),
     "cluster/slurm": ({"devices": 4, "num_nodes": 2}, slurm(8, "4", 2), None),
     "cluster/kubeflow": ({"devices": 1, "num_nodes": 4}, KUBEFLOW, None),

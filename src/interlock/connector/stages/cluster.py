@@ -262,6 +262,23 @@ def _slurm_without_step(ctx: ClusterDraft) -> str:
     return f"{_slurm_job(ctx)}, but srun did not start this process"
 
 
+def _refuse_slurm_without_step(ctx: ClusterDraft) -> str:
+    env = ctx.machine.environ
+    where = ("a batch script" if "SLURM_PROCID" in env
+             else "an allocation's shell (salloc)")
+    refuse(
+        "cluster-mismatch",
+        flag="num_nodes",
+        value=ctx.num_nodes_flag,
+        reason=f"num_nodes={ctx.num_nodes} in {_slurm_job(ctx)}, but srun did not start "
+        f"this process (SLURM_STEP_ID is not set: {where} runs python directly), so "
+        "nothing starts the processes of the other nodes and this node's would wait for "
+        "them for ever. Start the script with srun (one task per device, for example "
+        "`srun --ntasks-per-node=<devices> python train.py`), or plan one node.",
+        choices=("1",),
+    )
+
+
 def _external_note(ctx: ClusterDraft) -> str:
     env = ctx.machine.environ
     return (
@@ -368,6 +385,17 @@ CLUSTER_CHOICE = Decision(
         ),
         *(_detect_rule(row) for row in ENVIRONMENT_REGISTRY.builtin if row.detect is not None
           and row.name != "torchelastic"),
+        Rule(
+            id="cluster/slurm-without-step-multinode",
+            doc="A SLURM allocation whose process srun did not start (a batch script or "
+            "salloc's shell running python directly), asked for more than one node: only "
+            "this node's processes could start, and they would wait for the others for "
+            "ever. Refused: start the script with srun, or plan one node.",
+            when=lambda c: (slurm_allocation(c.machine.environ)
+                            and not slurm_step(c.machine.environ) and c.num_nodes > 1),
+            then=_refuse_slurm_without_step,
+            refuses="cluster-mismatch",
+        ),
         Rule(
             id="cluster/slurm-interactive",
             doc="An interactive SLURM allocation (salloc; job name 'bash' or 'interactive') "
