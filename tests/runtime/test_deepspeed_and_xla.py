@@ -498,3 +498,66 @@ def test_two_deepspeed_launches_in_one_process_both_train() -> None:
         got = strategy.launch(_train_once)
         for key, value in want.items():
             close(got[key], value, f"launch {attempt + 1}: {key}", rtol=1.3e-6, atol=1e-5)
+
+
+def _save_then_load_at(strategy: Any, path: str, load: bool) -> dict[str, Any]:
+    """Train two steps and save (``load`` False), or load ``path`` into a fresh model
+    and say what the load raised (``load`` True)."""
+    from interlock.strategies.io import CheckpointLoadError
+
+    net = reference_model()
+    module, (opt,) = strategy.setup_module_and_optimizers(
+        net, [torch.optim.Adam(net.parameters(), lr=1e-2)])
+    if not load:
+        for step in range(2):
+            x, y = strategy.batch_to_device(_batch(step))
+            strategy.backward(torch.nn.functional.mse_loss(module(x).float(), y), module)
+            strategy.optimizer_step(opt)
+        torch.manual_seed(77)
+        expected = torch.rand(3)
+        torch.manual_seed(77)
+        strategy.save_checkpoint(path, {"model": module, "step": 2})
+        return {"drawn": expected}
+    torch.manual_seed(5)  # another stream: the load must bring the saved one back
+    try:
+        state: dict[str, Any] = {"model": module, "step": 0}
+        strategy.load_checkpoint(path, state)
+    except CheckpointLoadError as error:
+        return {"error": str(error)}
+    return {"step": state["step"], "drawn": torch.rand(3)}
+
+
+def reference_model() -> torch.nn.Module:
+    from interlock.conformance import reference
+
+    return reference.model()
+
+
+def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from interlock.conformance import reference
+
+    return reference.batch(step)
+
+
+@NEEDS_DEEPSPEED
+@pytest.mark.timeout(300)
+def test_a_deepspeed_checkpoint_restores_the_random_state_and_refuses_another_stage(
+        tmp_path: Path) -> None:
+    """At the stage that saved it, the load brings back the saved random state (the
+    next draws equal what the saving run would have drawn); at another ZeRO stage it is
+    refused with both stages named, before DeepSpeed's own assertion."""
+    from harness import launch_forked
+
+    def stage(name: str) -> DeepSpeedStrategy:
+        built = interlock.resolve(strategy=name, accelerator="cpu", devices=2)
+        assert isinstance(built, DeepSpeedStrategy)
+        return built
+
+    path = str(tmp_path / "ckpt")
+    saved = launch_forked(stage("deepspeed_stage_2"), _save_then_load_at, path, False)
+    loaded = launch_forked(stage("deepspeed_stage_2"), _save_then_load_at, path, True)
+    assert loaded.get("step") == 2, loaded
+    assert torch.equal(loaded["drawn"], saved["drawn"]), (loaded, saved)
+    refused = launch_forked(stage("deepspeed_stage_3"), _save_then_load_at, path, True)
+    assert "saved at ZeRO stage 2 and this strategy runs stage 3" in refused.get(
+        "error", ""), refused

@@ -37,6 +37,8 @@ CLIENT_KEYS = "interlock_client_keys"
 #: the entry of a DeepSpeed checkpoint that holds the precision's state (16-mixed's
 #: loss scale; the engine saves its own loss scaler with the optimizer state)
 PRECISION_STATE = "interlock_precision"
+#: the ZeRO stage that saved a checkpoint (another stage cannot load its partitions)
+ZERO_STAGE = "interlock_zero_stage"
 
 
 def import_deepspeed() -> Any:
@@ -183,6 +185,12 @@ class DeepSpeedStrategy(ParallelStrategy):
         """The DeepSpeed configuration for the current options and precision."""
         return deepspeed_config(**self.zero_options, precision=self.precision.precision,
                                 overrides=self._overrides)
+
+    @property
+    def zero_stage(self) -> int:
+        """The ZeRO stage the engine runs (the config's, overrides included)."""
+        stage = self.config.get("zero_optimization", {}).get("stage", self.zero_options["stage"])
+        return int(stage)
 
     @property
     def engine(self) -> Any:
@@ -337,7 +345,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         """A DeepSpeed checkpoint directory (every rank writes its partitions); the
         engine's module and optimizer are saved by the engine, plain values with them."""
         plain = self._plain_values(state)
-        for reserved in (CLIENT_KEYS, PRECISION_STATE, RANDOM_KEY):
+        for reserved in (CLIENT_KEYS, PRECISION_STATE, RANDOM_KEY, ZERO_STAGE):
             if reserved in plain:
                 raise ValueError(f"{reserved!r} is reserved in DeepSpeed checkpoints")
         # which entries are the caller's: DeepSpeed returns its own with them on load
@@ -346,6 +354,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         if precision_state:
             client[PRECISION_STATE] = precision_state
         client[RANDOM_KEY] = random_state.gather(self)  # every rank's, rank 0 writes
+        client[ZERO_STAGE] = self.zero_stage
         self.engine.save_checkpoint(str(path), client_state=client)
 
     def load_checkpoint(self, path: str | Path, state: dict[str, Any],
@@ -355,7 +364,17 @@ class DeepSpeedStrategy(ParallelStrategy):
         interlock digest, so there is nothing to check them against."""
         plain = self._plain_values(state)
         # every entry asked for must be there before the engine restores anything
-        saved = _saved_client_keys(Path(path))
+        states = _saved_model_states(Path(path))
+        saved = set(states) if states is not None else None
+        stage = _saved_zero_stage(states)
+        if stage is not None and stage != self.zero_stage:
+            raise CheckpointLoadError(
+                str(path), f"checkpoint {str(path)!r} was saved at ZeRO stage {stage} and "
+                f"this strategy runs stage {self.zero_stage}: DeepSpeed loads its optimizer "
+                "partitions only into the stage that wrote them. Load it with a stage "
+                f"{stage} strategy, or turn it into full weights first (DeepSpeed's "
+                "zero_to_fp32.py in the checkpoint directory) and load those; nothing was "
+                "loaded")
         if saved is not None:
             missing = sorted(name for name in plain if name not in saved)
             if missing:
@@ -383,7 +402,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         # not say which are the caller's, so it gets every entry but the asked ones
         theirs = client.get(CLIENT_KEYS, list(client))
         return {k: client[k] for k in theirs if k in client and k not in plain
-                and k not in (CLIENT_KEYS, PRECISION_STATE, RANDOM_KEY)}
+                and k not in (CLIENT_KEYS, PRECISION_STATE, RANDOM_KEY, ZERO_STAGE)}
 
     def _plain_values(self, state: Mapping[str, Any]) -> dict[str, Any]:
         engine_module = unwrap(self.engine.module) if self._engine is not None else None
@@ -403,7 +422,20 @@ class DeepSpeedStrategy(ParallelStrategy):
         return plain
 
 
-def _saved_client_keys(path: Path) -> set[str] | None:
+def _saved_zero_stage(states: dict[str, Any] | None) -> int | None:
+    """The ZeRO stage that wrote a checkpoint's model states: interlock's own entry,
+    else the DeepSpeed config saved with them; None when neither says."""
+    if states is None:
+        return None
+    stage = states.get(ZERO_STAGE)
+    if stage is None:
+        config = states.get("ds_config")
+        zero = config.get("zero_optimization") if isinstance(config, dict) else None
+        stage = zero.get("stage") if isinstance(zero, dict) else None
+    return int(stage) if isinstance(stage, int) and not isinstance(stage, bool) else None
+
+
+def _saved_model_states(path: Path) -> dict[str, Any] | None:
     """The top-level entries of the newest DeepSpeed checkpoint under ``path`` (the
     tag its ``latest`` file names), read without loading tensors; None when the layout
     is not the one DeepSpeed writes by default (the engine then decides)."""
@@ -418,7 +450,7 @@ def _saved_client_keys(path: Path) -> set[str] | None:
         loaded = torch.load(files[0], map_location="cpu", mmap=True, weights_only=False)
     except Exception as error:  # a damaged file: say which
         raise CheckpointLoadError(str(path), f"{files[0]} cannot be read: {error}") from error
-    return set(loaded) if isinstance(loaded, dict) else None
+    return loaded if isinstance(loaded, dict) else None
 
 
 def _reset_autocast_state() -> None:
