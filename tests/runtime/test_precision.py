@@ -206,6 +206,25 @@ def test_16_mixed_scaler_state_round_trips_through_a_checkpoint() -> None:
     assert fresh.state_dict() == saved, f"{fresh.state_dict()} != saved {saved}"
 
 
+def test_16_mixed_trains_on_after_a_state_is_loaded_mid_iteration() -> None:
+    """A checkpoint loaded right after an optimizer step (a rollback, a resume in the
+    same process): the next iteration steps and clips that optimizer again, where
+    torch's scaler, still remembering the step, would refuse."""
+    plugin = mixed16(init_scale=1024.0)
+    module = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    plugin.backward(module(torch.ones(1, 2)).sum(), module)
+    plugin.optimizer_step(optimizer)
+    saved = plugin.state_dict()
+    plugin.backward(module(torch.ones(1, 2)).sum(), module)
+    plugin.optimizer_step(optimizer)
+    plugin.load_state_dict(saved)  # mid-iteration: the step's update is pending
+    plugin.backward(module(torch.ones(1, 2)).sum(), module)
+    plugin.unscale_gradients(optimizer)
+    plugin.optimizer_step(optimizer)
+    assert plugin.scaler is not None and plugin.scaler.get_scale() == 1024.0
+
+
 def test_16_mixed_unscale_then_clip_unscales_exactly_once() -> None:
     scale = 256.0
     torch.manual_seed(0)

@@ -139,7 +139,8 @@ class MixedPrecision(Precision):
         as it is; a scaler state loaded into ``bf16-mixed`` has nothing to go to.
         """
         if self.scaler is not None and "scaler" in state_dict:
+            # finish the iteration in flight first: torch's scaler forgets which
+            # optimizers stepped or were unscaled only in update(), and would refuse
+            # their next step; the loaded state then replaces the scale it computed
+            self.update_scale()
             self.scaler.load_state_dict(state_dict["scaler"])
-            # the loaded state replaces the current iteration's pending update
-            self._stepped = False
-            self._unscaled.clear()
