@@ -19,6 +19,7 @@ import interlock
 from interlock.connector.builtin import BUILTIN_STRATEGIES
 from interlock.connector.registry import strategy_specs
 from interlock.strategies.ddp import DDPStrategy
+from interlock.strategies.fsdp import FSDPStrategy
 from interlock.strategies.model_parallel import ModelParallelStrategy
 from interlock.strategies.module_wrapper import unwrap
 
@@ -160,6 +161,57 @@ class LosesOptimizerStateOnLoad(DDPStrategy):
         return rest
 
 
+class ForgetsRandomState(DDPStrategy):
+    """Checkpoints carry no random state: a resumed run draws other dropout masks."""
+
+    def save_checkpoint(self, path: str | Path, state: Mapping[str, Any]) -> None:
+        from interlock.strategies import checkpointing
+        from interlock.strategies.random_state import RANDOM_KEY
+
+        real = checkpointing.runtime_entries
+
+        def without_random(strategy: Any) -> dict[str, Any]:
+            entries = real(strategy)
+            entries.pop(RANDOM_KEY, None)
+            return entries
+
+        checkpointing.runtime_entries = without_random
+        try:
+            super().save_checkpoint(path, state)
+        finally:
+            checkpointing.runtime_entries = real
+
+
+class ReshufflesOnRestart(DDPStrategy):
+    """The shuffle seed mixes in state that survives an attempt (here the attempt
+    number): a restarted attempt reads the epoch in another order."""
+
+    def setup_dataloader(self, loader: Any, **options: Any) -> Any:
+        from interlock.strategies.restarts import restart_attempt
+
+        self._loader_setups = restart_attempt()
+        return super().setup_dataloader(loader, **options)
+
+
+class UntiesOnLoad(DDPStrategy):
+    """load_checkpoint gives a tied parameter (a head sharing the embedding's weight)
+    a copy of its own, which the optimizer does not step."""
+
+    def load_checkpoint(self, path: str | Path, state: dict[str, Any],
+                        **options: Any) -> dict[str, Any]:
+        rest = super().load_checkpoint(path, state, **options)
+        for value in state.values():
+            if not isinstance(value, nn.Module):
+                continue
+            seen: set[int] = set()
+            for module in unwrap(value).modules():
+                for name, param in list(module.named_parameters(recurse=False)):
+                    if id(param) in seen:
+                        setattr(module, name, nn.Parameter(param.detach().clone()))
+                    seen.add(id(param))
+        return rest
+
+
 class _Emptied(dict[str, Any]):
     """A plain state dict standing in for an optimizer when saving."""
 
@@ -178,11 +230,15 @@ BROKEN = {
     "broken_drops_result": (DropsResult, "fork"),
     "correct_ddp_subclass": (DDPStrategy, "fork"),
     "broken_loses_optimizer_state_on_load": (LosesOptimizerStateOnLoad, "fork"),
+    "broken_forgets_random_state": (ForgetsRandomState, "fork"),
+    "broken_reshuffles_on_restart": (ReshufflesOnRestart, "fork"),
+    "broken_unties_on_load": (UntiesOnLoad, "fork"),
 }
 
 #: the only ones declaring "elastic": the fault checks relaunch a strategy five times,
 #: so they run where a test asks about them (tests/conformance/test_fault_checks.py)
-ELASTIC = frozenset({"broken_loses_optimizer_state_on_load"})
+ELASTIC = frozenset({"broken_loses_optimizer_state_on_load", "broken_forgets_random_state",
+                     "broken_reshuffles_on_restart", "broken_unties_on_load"})
 
 
 def _register() -> None:
@@ -229,5 +285,41 @@ def _register_mesh() -> None:
         ))
 
 
+class ClipsLocalShards(FSDPStrategy):
+    """clip_gradients_norm measures only this rank's shards of the gradients, so each
+    rank clips by its own norm (a sharded clip without the reduction)."""
+
+    def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float,
+                            norm_type: float = 2.0) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
+
+        self.precision.unscale_gradients(optimizer)
+        grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                 for group in optimizer.param_groups for p in group["params"]
+                 if p.grad is not None]
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, norm_type)
+                                                     for g in grads]), norm_type)
+        coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        for grad in grads:
+            grad.mul_(coefficient)
+        measured: torch.Tensor = norm
+        return measured
+
+
+def _register_fsdp() -> None:
+    template = next(s for s in BUILTIN_STRATEGIES if s.name == "fsdp")
+    if "broken_clips_local_shards" in strategy_specs():
+        return
+    interlock.register_strategy(interlock.StrategySpec(
+        name="broken_clips_local_shards", factory=f"{__name__}:ClipsLocalShards",
+        description=f"deliberately broken: {ClipsLocalShards.__doc__}", family="fsdp",
+        accelerators=frozenset({"cpu"}), precisions=frozenset({"32-true"}),
+        launcher="fork", precision_plugin="fsdp",
+        capabilities=template.capabilities - {"elastic"},
+        parallel_dims=frozenset({"dp_shard"}), default_parallelism={"dp_shard": "auto"},
+    ))
+
+
 _register()
 _register_mesh()
+_register_fsdp()

@@ -17,6 +17,14 @@ from interlock.conformance import faults
 SURVIVES = ("survives_kill", "survives_raise_in_backward", "survives_hang",
             "survives_kill_during_save")
 
+#: strategies whose restart changes what the recipe computes -> what recipe_resume says
+RESUME_BUGS: dict[str, str] = {
+    # dropout masks differ after the load; the data order does not
+    "broken_forgets_random_state": "['params']",
+    "broken_reshuffles_on_restart": "read other batches than the undisturbed run",
+    "broken_unties_on_load": "['params']",
+}
+
 
 def _ours(marker: str) -> list[str]:
     """Processes whose command line names ``marker`` (the forked ranks keep the
@@ -45,7 +53,8 @@ def fault_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     try:
         run = run_suite(workdir, "broken_strategies",
                         ["ddp_fork", "broken_loses_optimizer_state_on_load",
-                         "correct_ddp_subclass"], "-n", "2", "--dist", "loadgroup")
+                         "correct_ddp_subclass", *RESUME_BUGS],
+                        "-n", "2", "--dist", "loadgroup")
     finally:
         if before is None:
             os.environ.pop("TMPDIR", None)
@@ -119,3 +128,31 @@ def test_differences_are_bit_for_bit() -> None:
     assert faults.differences(emptied, a) == ["['optimizer']['state'][0]: missing"]
     assert faults.differences({**same, "params": {"w": torch.ones(2, dtype=torch.float64)}},
                               a)
+
+
+def _record(run: dict[str, Any], strategy: str, check: str) -> dict[str, str]:
+    found = [r for r in run["report"]["records"] if r["strategy"] == strategy
+             and r["check"] == check and r["world_size"] == "2"]
+    assert len(found) == 1, found
+    record: dict[str, str] = found[0]
+    return record
+
+
+@pytest.mark.timeout(900)
+def test_the_recipe_checks_pass_for_ddp_fork(fault_run: dict[str, Any]) -> None:
+    for check in ("recipe_parity", "recipe_resume"):
+        record = _record(fault_run, "ddp_fork", check)
+        assert record["status"] == "passed", record
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("strategy", list(RESUME_BUGS))
+def test_a_restart_that_changes_the_recipe_fails_recipe_resume(
+        fault_run: dict[str, Any], strategy: str) -> None:
+    """Each bug passes every check that trains without a restart (recipe_parity
+    included) and fails recipe_resume, saying what differed."""
+    record = _record(fault_run, strategy, "recipe_resume")
+    assert record["status"] == "failed", record
+    assert RESUME_BUGS[strategy] in record["message"], record["message"]
+    assert _record(fault_run, strategy, "recipe_parity")["status"] == "passed"
+    assert _record(fault_run, strategy, "training_parity")["status"] == "passed"

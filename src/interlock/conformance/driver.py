@@ -16,6 +16,7 @@ with the crash, and the ones after it are reported as not run.
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import importlib
 import json
@@ -91,7 +92,15 @@ def run_rank_checks(strategy: Any, args: argparse.Namespace, precisions: list[st
     out = Path(workdir, f"rank-{rank}.jsonl")
     plan_for = _plan_for(args, args.world_size)
 
+    # every check starts from the precision's first state (a fresh loss scaler, at the
+    # scale the references start from): a check that moved the scale (scaler_skip)
+    # must not change what the next one computes, so that no verdict depends on which
+    # other precisions and checks ran
+    fresh: dict[str, Any] = {}
+
     def run(check: Check, runs: InRanks, precision: str) -> None:
+        if fresh.get("state"):
+            strategy.precision.load_state_dict(copy.deepcopy(fresh["state"]))
         label = precision if check.per_precision else ANY_PRECISION
         _mark(out, _record(label, check.id, "running"))
         ctx = RankContext(strategy=strategy, spec=spec, precision=precision,
@@ -107,6 +116,8 @@ def run_rank_checks(strategy: Any, args: argparse.Namespace, precisions: list[st
         if index:
             strategy.complete(plan_for(precision))  # the same strategy, another precision
             _prepare(strategy)
+        fresh["state"] = reference.with_parity_scale(
+            copy.deepcopy(strategy.precision.state_dict()))
         for check in CHECKS:
             runs = check.runs
             if not isinstance(runs, InRanks) or runs.when == "last" or (

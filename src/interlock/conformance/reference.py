@@ -68,6 +68,23 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(BATCH, FEATURES, generator=g), torch.randn(BATCH, 1, generator=g)
 
 
+#: the loss scale every check starts from, in the strategy and in the reference alike.
+#: torch's default (65536) is at the edge of float16 overflow for these models, and
+#: whether a step overflows depends on how the batch is split: each rank's gradients of
+#: a mean over fewer samples are larger, so a rank may skip a step one process takes.
+#: Parity compares the maths with no step skipped; skipping is `scaler_skip`'s.
+PARITY_SCALE = 2.0**10
+
+
+def with_parity_scale(state: Any) -> Any:
+    """A precision's state (``Precision.state_dict()``) with every loss scale in it set
+    to `PARITY_SCALE` (GradScaler's ``"scale"``, at any depth: a plugin may nest it)."""
+    if isinstance(state, dict):
+        return {k: (PARITY_SCALE if k == "scale" and isinstance(v, (int, float))
+                    else with_parity_scale(v)) for k, v in state.items()}
+    return state
+
+
 def tensor_parallel_plan(module: nn.Module, mesh: Any) -> nn.Module:
     """How the suite splits its MLP for strategies that take a ``parallelize_fn``:
     column-wise then row-wise over ``mesh["tp"]``, then FSDP2 over ``mesh["dp_shard"]``
@@ -77,12 +94,18 @@ def tensor_parallel_plan(module: nn.Module, mesh: Any) -> nn.Module:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
+        ParallelStyle,
         RowwiseParallel,
         parallelize_module,
     )
 
     if mesh["tp"].size() > 1:
-        styles = {"0": ColwiseParallel(), "2": RowwiseParallel()}
+        # a model may say how it splits (the recipe checks' model does); else the MLP's
+        own_plan: dict[str, str] = getattr(module, "tensor_parallel", {"0": "colwise",
+                                                                    "2": "rowwise"})
+        styles: dict[str, ParallelStyle] = {
+            name: ColwiseParallel() if style == "colwise" else RowwiseParallel()
+            for name, style in own_plan.items()}
         owned = {name: style for name, style in styles.items()
                  if isinstance(module.get_submodule(name), nn.Linear)}
         if owned:
@@ -215,7 +238,7 @@ def baseline(precision: str, steps: int, accumulate: int = 1) -> dict[str, torch
     made = recipe(precision)
     net = model().to(made.param_dtype)
     opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=0.9)
-    scaler = torch.amp.GradScaler("cpu") if made.scaler else None
+    scaler = torch.amp.GradScaler("cpu", init_scale=PARITY_SCALE) if made.scaler else None
     dtype = next(net.parameters()).dtype
     for step in range(steps):
         for micro in range(accumulate):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
-from interlock.conformance import checks, launch_checks, mesh_checks
+from interlock.conformance import checks, launch_checks, mesh_checks, recipes
 from interlock.conformance.checks import RankContext
 from interlock.conformance.declaration import check_declaration
 from interlock.conformance.launch_checks import LaunchContext
@@ -250,6 +250,18 @@ CHECKS: tuple[Check, ...] = (
         why="clipping all gradients per optimizer lets still-scaled gradients zero another "
         "layer's update"),
     Check(
+        id="recipe_parity",
+        runs=InRanks(run=recipes.check_recipe_parity, when="each precision"),
+        guarantees="a training loop with every feature on at once (tied embeddings, "
+        "LayerNorm, a buffer; AdamW with weight decay under a warm-up schedule; 2 "
+        "micro-batches under `no_backward_sync` and active clipping where declared; a "
+        f"shuffled `setup_dataloader` over {recipes.SAMPLES} samples, "
+        f"{recipes.EPOCHS} epochs) equals the same loop in one plain process on the "
+        "batches the ranks read, parameters and clipping norms; every epoch reads every "
+        "sample, in a new order",
+        why="features right alone are wrong together: clipping that sees one shard, "
+        "accumulation divided twice, tied weights that come apart"),
+    Check(
         id="interrupted_save",
         runs=InRanks(run=checks.check_interrupted_save, when="once"),
         world_sizes=WorldSizes(least=1, most=1, why="runs at world size 1, where a failing "
@@ -341,6 +353,17 @@ CHECKS: tuple[Check, ...] = (
              "a crash while saving must not cost the last good checkpoint"),
         )
     ),
+    Check(
+        id="recipe_resume", capability="elastic", world_sizes=TWO_OR_MORE,
+        runs=InDriver(run=recipes.check_recipe_resume),
+        guarantees="the recipe loop with dropout, checkpointed by a `CheckpointManager` "
+        f"every {recipes.SAVE_EVERY} steps (the first mid-epoch), with the last rank "
+        f"raising inside `backward` at step {recipes.FAULT_STEP} and "
+        "`launch(max_restarts=1)`: the restarted attempt resumes mid-epoch and ends with "
+        "parameters, AdamW state, the schedule and the batches read equal bit for bit to "
+        "an undisturbed run (`32-true`)",
+        why="a restart that changes the data order or the dropout masks trains another "
+        "model, silently"),
     *(
         Check(
             id=f"mesh_{dim}", dimension=dim, world_sizes=MESH_RUN,

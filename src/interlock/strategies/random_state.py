@@ -17,15 +17,27 @@ from __future__ import annotations
 import random
 import sys
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from interlock.strategies.base import Strategy
-
 #: checkpoint key under which the ranks' random state travels
 RANDOM_KEY = "interlock/random_state"
+
+
+class _Ranks(Protocol):
+    """What this module reads of a strategy."""
+
+    @property
+    def root_device(self) -> torch.device: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def global_rank(self) -> int: ...
+    @property
+    def is_global_zero(self) -> bool: ...
+    @property
+    def collective(self) -> Any: ...
 
 
 def capture(device: torch.device) -> dict[str, Any]:
@@ -66,7 +78,7 @@ def _restore_numpy(saved: Any) -> None:
     numpy.random.set_state((kind, keys.numpy().astype("uint32"), position, has_gauss, gauss))
 
 
-def gather(strategy: Strategy) -> dict[str, Any]:
+def gather(strategy: _Ranks) -> dict[str, Any]:
     """Every rank's state, on every rank (a collective where there are several)."""
     mine = capture(strategy.root_device)
     ranks = (strategy.collective.all_gather_object(mine) if strategy.world_size > 1
@@ -74,7 +86,7 @@ def gather(strategy: Strategy) -> dict[str, Any]:
     return {"world_size": strategy.world_size, "ranks": ranks}
 
 
-def restore(strategy: Strategy, saved: object) -> None:
+def restore(strategy: _Ranks, saved: object) -> None:
     """Give this rank the state its rank saved; nothing at another world size."""
     if not isinstance(saved, dict) or not isinstance(saved.get("ranks"), list):
         return

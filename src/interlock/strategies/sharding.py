@@ -164,10 +164,14 @@ def total_norm(norm: torch.Tensor) -> torch.Tensor:
 
 def _norm_groups(grads: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
     """``grads`` grouped so that each group is one kind of tensor: DTensors of one mesh
-    and placement each, plain tensors by device (a foreach kernel takes one kind)."""
+    and placement each, plain tensors by device (a foreach kernel takes one kind).
+
+    Meshes are told apart by what they are (equal meshes span the same ranks), not by
+    object: a long-lived process may hold two equal mesh objects, and every rank must
+    group alike, or their collectives would not match."""
     groups: dict[tuple[object, ...], list[torch.Tensor]] = {}
     for grad in grads:
-        key: tuple[object, ...] = ((id(grad.device_mesh), tuple(grad.placements))
+        key: tuple[object, ...] = ((grad.device_mesh, tuple(grad.placements))
                                    if isinstance(grad, DTensor) else ("local", grad.device))
         groups.setdefault(key, []).append(grad)
     return list(groups.values())
