@@ -23,6 +23,7 @@ from interlock.conformance import (
     driver,
     launch_checks,
     mesh_checks,
+    recipes,
     reference,
 )
 from interlock.conformance.cases import cases_for
@@ -43,7 +44,8 @@ from interlock.connector.tables import ACCELERATORS, PRECISION_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the modules that hold check functions (``check_*``)
-CHECK_MODULES: tuple[ModuleType, ...] = (checks, launch_checks, declaration, mesh_checks)
+CHECK_MODULES: tuple[ModuleType, ...] = (checks, launch_checks, declaration, mesh_checks,
+                                         recipes)
 
 
 def _functions(check: Check) -> list[Callable[..., None]]:
@@ -208,7 +210,10 @@ class _Strategy:
     global_rank = 0
 
     def __init__(self) -> None:
+        from interlock.strategies.precision import Precision
+
         self.calls: list[str] = []
+        self.precision = Precision()  # each check starts from its state
 
     def barrier(self) -> None:
         self.calls.append("barrier")

@@ -20,9 +20,9 @@ SURVIVES = ("survives_kill", "survives_raise_in_backward", "survives_hang",
 #: strategies whose restart changes what the recipe computes -> what recipe_resume says
 RESUME_BUGS: dict[str, str] = {
     # dropout masks differ after the load; the data order does not
-    "broken_forgets_random_state": "['params']",
+    "broken_forgets_random_state": "params['",
     "broken_reshuffles_on_restart": "read other batches than the undisturbed run",
-    "broken_unties_on_load": "['params']",
+    "broken_unties_on_load": "params['",
 }
 
 

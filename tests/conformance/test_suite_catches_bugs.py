@@ -13,7 +13,7 @@ from suite_runs import run_suite
 EXPECTED_FAILURES: dict[str, set[str]] = {
     # summed gradients: every parity check, and the norm clipping measures doubles
     "broken_sums_gradients": {"training_parity", "accumulation_parity", "launch_arguments",
-                              "clipping"},
+                              "clipping", "recipe_parity"},
     "broken_gathers_reversed": {"collectives"},
     "broken_leaks_process_group": {"teardown", "relaunch", "failure_propagation",
                                    "collective_timeout", "resharding"},
@@ -21,10 +21,11 @@ EXPECTED_FAILURES: dict[str, set[str]] = {
     "broken_drops_optimizer_state": {"checkpoint_round_trip", "resharding"},
     # the example plugin's compression passes only with the tolerance it declares
     "broken_compresses_undeclared": {"training_parity", "accumulation_parity",
-                                     "launch_arguments"},
+                                     "launch_arguments", "recipe_parity"},
     # the launcher's own teardown after the check's two raises too, so launch raises
     "broken_tears_down_once": {"teardown", "launch_result"},
-    "broken_shards_no_data": {"data_loading"},
+    # its loader is not the strategy's (no set_epoch): the recipe cannot resume an epoch
+    "broken_shards_no_data": {"data_loading", "recipe_parity"},
     "broken_prints_on_every_rank": {"rank_zero_print"},
     "broken_loads_halfway": {"load_refusal"},
     # relaunch reads what launch returns

@@ -133,6 +133,9 @@ def train_reference(strategy: ParallelStrategy, steps: int) -> dict[str, torch.T
     as float32."""
     from interlock.conformance import reference
 
+    # the loss scale the reference starts from, as the suite's checks do
+    strategy.precision.load_state_dict(
+        reference.with_parity_scale(strategy.precision.state_dict()))
     net = strategy.setup_module(reference.model())
     opt = strategy.setup_optimizer(
         torch.optim.SGD(net.parameters(), lr=reference.LR, momentum=0.9))
