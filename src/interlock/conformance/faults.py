@@ -134,7 +134,7 @@ def _train(strategy: Any, root: Path, attempt: int, fault: Fault | None) -> dict
                                           "at": time.time()})
     for step in range(start, STEPS):
         if fault is not None and fault.step == step:
-            _fire_before_step(fault, root, module)
+            fire_before_step(fault, root, module)
         x, y = batch(step)
         size, index = strategy.data_parallel_size, strategy.data_parallel_rank
         x, y = strategy.batch_to_device((x.chunk(size)[index], y.chunk(size)[index]))
@@ -174,7 +174,7 @@ def _save(strategy: Any, manager: CheckpointManager, root: Path, done: int,
         del strategy.save_checkpoint  # the class's method again
 
 
-def _fire_before_step(fault: Fault, root: Path, module: Any) -> None:
+def fire_before_step(fault: Fault, root: Path, module: Any) -> None:
     if fault.kind == "kill":
         _die(fault, root, "before the step's forward")
     elif fault.kind == "hang":

@@ -163,7 +163,7 @@ def _train(strategy: Any, *, dropout: float, accumulate: int, clip: bool,
             if position >= usable:
                 break
             if fault is not None and fault.step == step and not micro:
-                faults._fire_before_step(fault, Path(directory or "."), module)
+                faults.fire_before_step(fault, Path(directory or "."), module)
             tokens = strategy.batch_to_device(data[indices.cpu()])
             last = len(micro) == accumulate - 1
             with strategy.no_backward_sync(module, enabled=not last):
