@@ -561,3 +561,33 @@ def test_a_deepspeed_checkpoint_restores_the_random_state_and_refuses_another_st
     refused = launch_forked(stage("deepspeed_stage_3"), _save_then_load_at, path, True)
     assert "saved at ZeRO stage 2 and this strategy runs stage 3" in refused.get(
         "error", ""), refused
+
+
+def _schedule_on_the_returned_optimizer(strategy: Any) -> list[str]:
+    """Steps with a scheduler over the optimizer DeepSpeed hands back; the warnings
+    they gave."""
+    import warnings
+
+    net = reference_model()
+    module, (opt,) = strategy.setup_module_and_optimizers(
+        net, [torch.optim.SGD(net.parameters(), lr=0.1)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        for step in range(2):
+            x, y = strategy.batch_to_device(_batch(step))
+            strategy.backward(torch.nn.functional.mse_loss(module(x).float(), y), module)
+            strategy.optimizer_step(opt)
+            schedule.step()
+    return [str(w.message) for w in caught]
+
+
+@NEEDS_DEEPSPEED
+@pytest.mark.timeout(300)
+def test_a_scheduler_on_deepspeeds_optimizer_steps_without_torchs_order_warning() -> None:
+    from harness import launch_forked
+
+    strategy = interlock.resolve(strategy="deepspeed_stage_1", accelerator="cpu", devices=2)
+    assert isinstance(strategy, DeepSpeedStrategy)
+    said = launch_forked(strategy, _schedule_on_the_returned_optimizer)
+    assert not [m for m in said if "lr_scheduler.step()" in m], said

@@ -288,6 +288,11 @@ class DeepSpeedStrategy(ParallelStrategy):
         if scale is not None and boundary:
             scale.update(skipped=not self.engine.was_step_applied())
             self._apply_loss_scale()
+        if boundary:
+            # the engine stepped the optimizer itself, past the wrapper an LR scheduler
+            # puts on optimizer.step to see that a step came first: tell it, or torch
+            # warns "lr_scheduler.step() before optimizer.step()" on every run
+            optimizer._opt_called = True  # type: ignore[attr-defined]
         return result
 
     def _loss_scale(self) -> LossScale | None:
