@@ -182,6 +182,42 @@ print(json.dumps({{"node": node, "changed": changed}}))
     assert out["changed"] == [], f"launch changed the caller's environment: {out['changed']}"
 
 
+@pytest.mark.timeout(180)
+def test_a_local_instance_grows_for_a_larger_job_and_leaves_the_environment_alone(
+        tmp_path: Path) -> None:
+    """No address anywhere (docs/ray.md's laptop path): the local instance started for
+    a 2-rank job is replaced by one large enough for the 4-rank job after it, and no
+    launch leaves a variable of Ray's in the caller's environment."""
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "laptop.py"
+    script.write_text("""
+import json, os
+import interlock
+
+def world(strategy):
+    return strategy.world_size
+
+before = dict(os.environ)
+out = {}
+for devices in (2, 4):
+    strategy = interlock.resolve(strategy="ray_ddp", accelerator="cpu", devices=devices)
+    out[devices] = strategy.launch(world)
+    out[f"changed {devices}"] = sorted(
+        k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k))
+print(json.dumps(out))
+""")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=170, env=env, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (out["2"], out["4"]) == (2, 4), out
+    assert out["changed 2"] == out["changed 4"] == [], out
+
+
 @pytest.mark.timeout(120)
 def test_arguments_that_do_not_pickle_are_refused_before_any_rank_runs() -> None:
     import threading

@@ -100,13 +100,19 @@ class RayLauncher(Launcher):
         return self.num_processes * self.num_nodes
 
     def launch(self, entry: Any, *args: Any, **kwargs: Any) -> Any:
-        connect(self.environment, self.world_size)
-        job = _Job(self)
+        # Ray exports variables of its own after ray.init too (RAY_CLIENT_MODE once the
+        # first actor is made): a launch leaves the caller's environment as it found it
+        before = dict(os.environ)
         try:
-            with _sigterm_exits():
-                return job.run(entry, args, kwargs)
+            connect(self.environment, self.world_size)
+            job = _Job(self)
+            try:
+                with _sigterm_exits():
+                    return job.run(entry, args, kwargs)
+            finally:
+                job.remove()
         finally:
-            job.remove()
+            _restore_environment(before)
 
 
 class _sigterm_exits:
@@ -128,15 +134,32 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signal.SIGTERM)
 
 
+#: the CPUs of the local Ray instance this process started, while it runs
+_LOCAL_INSTANCE: dict[str, int] = {}
+
+
+def _restore_environment(before: dict[str, str]) -> None:
+    for key in set(os.environ) - set(before):
+        del os.environ[key]
+    os.environ.update(before)
+
+
 def connect(environment: RayEnvironment, world_size: int) -> None:
     """Connect this process to Ray, unless it is connected already.
 
     The address is the environment's, else ``RAY_ADDRESS``; without either a local
     Ray instance is started with room for ``world_size`` ranks (Ray shuts it down when
-    this process exits).
+    this process exits). A local instance this process started for a smaller job
+    earlier is replaced by a larger one (its CPUs are logical: a job of 4 ranks on a
+    2-core laptop runs, as the existing-cluster path would).
     """
+    need = math.ceil(world_size * environment.cpus_per_rank)
     if ray.is_initialized():
-        return
+        started = _LOCAL_INSTANCE.get("cpus")
+        if started is None or started >= need:
+            return  # a cluster the caller connected to, or a local one large enough
+        ray.shutdown()
+        _LOCAL_INSTANCE.clear()
     options: dict[str, Any] = {"log_to_driver": True, **environment.init_options}
     address = environment.address or os.environ.get("RAY_ADDRESS") or None
     # ray.init exports variables of its own (RAY_CLIENT_MODE, PYTHONBREAKPOINT, ...); a
@@ -146,17 +169,17 @@ def connect(environment: RayEnvironment, world_size: int) -> None:
         if address is not None:
             ray.init(address=address, **options)
         else:
-            cpus = max(os.cpu_count() or 1, math.ceil(world_size * environment.cpus_per_rank))
-            options.setdefault("num_cpus", cpus)
+            cpus = int(options.setdefault("num_cpus", max(os.cpu_count() or 1, need)))
             options.setdefault("include_dashboard", False)
-            ray.init(**options)
+            # "local": a new instance, even where another Ray runs on this host (plain
+            # ray.init() would join that one, and refuse num_cpus)
+            ray.init(address="local", **options)
+            _LOCAL_INSTANCE["cpus"] = cpus
     except Exception as exc:
         where = f"the Ray cluster at {address!r}" if address else "a local Ray instance"
         raise LaunchError(f"cannot connect to {where}: {type(exc).__name__}: {exc}") from exc
     finally:
-        for key in set(os.environ) - set(before):
-            del os.environ[key]
-        os.environ.update(before)
+        _restore_environment(before)
 
 
 class _RankActor:
