@@ -147,8 +147,10 @@ class PipelineRunner(nn.Module):
             # over the whole batch with a mean loss. Not scale_grads=True: the schedule
             # would divide every .grad at the end of the step, gradients accumulated
             # by earlier steps (gradient accumulation) included.
-            assert self._loss_fn is not None
-            return self._loss_fn(output, target) / count
+            loss_fn = self._loss_fn
+            if loss_fn is None:
+                raise RuntimeError("the pipeline schedule ran outside PipelineRunner.step")
+            return loss_fn(output, target) / count
 
         schedule = kind(stage, n_microbatches=count, loss_fn=scaled, scale_grads=False)
         self._schedules = {"shapes": shapes, "schedule": schedule}
@@ -176,17 +178,19 @@ class PipelineRunner(nn.Module):
         # is set aside and added back
         carried = _set_aside_gradients(self.stage_module) if fresh else {}
         losses: list[torch.Tensor] = []
-        with self._forward_context():
-            if self.is_first and self.is_last:
-                schedule.step(inputs, target=target, losses=losses)
-            elif self.is_first:
-                schedule.step(inputs)
-            elif self.is_last:
-                schedule.step(target=target, losses=losses)
-            else:
-                schedule.step()
-        self._loss_fn = None
-        _add_back_gradients(carried)
+        try:
+            with self._forward_context():
+                if self.is_first and self.is_last:
+                    schedule.step(inputs, target=target, losses=losses)
+                elif self.is_first:
+                    schedule.step(inputs)
+                elif self.is_last:
+                    schedule.step(target=target, losses=losses)
+                else:
+                    schedule.step()
+        finally:
+            self._loss_fn = None
+            _add_back_gradients(carried)
         # the losses recorded are the scaled ones: their sum is the batch's mean loss
         loss = (torch.stack([x.detach().float() for x in losses]).sum() if losses
                 else torch.zeros((), device=self._device))
