@@ -177,12 +177,12 @@ def test_the_default_split_gives_every_stage_layers_with_parameters() -> None:
             layers += [torch.nn.Linear(4, 4), torch.nn.ReLU()]
         return torch.nn.Sequential(*layers[:-1])
 
-    kept = [[type(m).__name__ for m in split_sequential(net(), s, 4)
+    kept = [[type(m).__name__ for m in split_sequential(net(), s, 4).children()
              if not isinstance(m, torch.nn.Identity)] for s in range(4)]
     assert kept == [["Dropout", "Linear", "ReLU"], ["Linear", "ReLU"], ["Linear", "ReLU"],
                     ["Linear"]]
-    uneven = [sum(isinstance(m, torch.nn.Linear) for m in split_sequential(net(), s, 3))
-              for s in range(3)]
+    uneven = [sum(isinstance(m, torch.nn.Linear)
+                  for m in split_sequential(net(), s, 3).children()) for s in range(3)]
     assert uneven == [2, 1, 1]
 
 
