@@ -271,14 +271,19 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.mark.timeout(180)
 def test_the_script_launcher_restarts_a_killed_child(tmp_path: Path) -> None:
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
+    lines, stderr = _run_script(tmp_path / "train.py", SCRIPT)
+    assert lines == ['RESULT ["earlier", [1, 3.0, 0]]'], lines
+    assert "attempt 0 failed (rank 1:" in stderr
+
+
+def _run_script(script: Path, text: str) -> tuple[list[str], str]:
+    """Run ``text`` as a script in its own directory; its RESULT lines and stderr."""
+    script.write_text(text)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=150, check=False, cwd=tmp_path)
+                          timeout=150, check=False, cwd=script.parent)
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines == ['RESULT ["earlier", [1, 3.0, 0]]'], done.stdout
-    assert "attempt 0 failed (rank 1:" in done.stderr
+    return ([line for line in done.stdout.splitlines() if line.startswith("RESULT ")],
+            done.stderr)
 
 
 def test_an_interrupt_during_teardown_still_destroys_the_process_group(
@@ -343,14 +348,9 @@ def test_a_restart_under_the_script_launcher_keeps_the_data_order(tmp_path: Path
     nothing it keeps between them (a count of loaders set up) may change what an
     attempt computes. The restarted attempt, and a second launch, shuffle exactly
     as the first clean one."""
-    script = tmp_path / "order.py"
-    script.write_text(DATA_ORDER_SCRIPT)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=150, check=False, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert len(lines) == 1, done.stdout
+    lines, stderr = _run_script(tmp_path / "order.py", DATA_ORDER_SCRIPT)
+    assert len(lines) == 1, lines
     clean, restarted = json.loads(lines[0][len("RESULT "):])
-    assert "attempt 0 failed (rank 1:" in done.stderr
+    assert "attempt 0 failed (rank 1:" in stderr
     assert restarted == clean
     assert clean[0] != clean[1], "each rank reads its own share"
