@@ -7,6 +7,7 @@ launcher is exercised through examples/train.py in test_train_script.py.
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import signal
 import time
@@ -249,6 +250,40 @@ def test_fork_after_cuda_is_refused_with_a_clear_error(monkeypatch: pytest.Monke
 def test_a_large_result_comes_back_without_blocking() -> None:
     result = ddp("ddp_spawn").launch(workloads.large_result)
     assert result.shape == (1_000_000,) and float(result.sum()) == 1_000_000.0
+
+
+def _gloo_group_in_a_cycle() -> dict[str, Any]:
+    """A one-rank gloo process group (it runs worker threads) held by a dict that
+    refers to itself, so that only a garbage collection can free it."""
+    holder: dict[str, Any] = {"group": dist.ProcessGroupGloo(dist.HashStore(), 0, 1)}
+    holder["self"] = holder
+    return holder
+
+
+#: what the launching process keeps alive across a launch (see the test below)
+_KEPT: dict[str, Any] = {}
+
+
+def _collect_garbage(strategy: Any) -> bool:
+    _KEPT.clear()  # this rank's copy of the cycle becomes garbage here
+    gc.collect()
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_forked_ranks_never_finalise_what_they_inherited() -> None:
+    """A gloo group's destructor joins its threads, which a forked child does not have:
+    a rank whose garbage collection met an inherited group waited for ever (DeepSpeed's
+    ZeRO-3 setup calls gc.collect()). The launching process collects its own garbage
+    before it forks, and the ranks never finalise what they inherited, whether it was
+    garbage before the fork or became garbage in the rank."""
+    _gloo_group_in_a_cycle()  # garbage in this process before the launch
+    _KEPT["cycle"] = _gloo_group_in_a_cycle()  # alive here, dropped in each rank
+    try:
+        assert ddp("ddp_fork").launch(_collect_garbage) is True
+    finally:
+        _KEPT.clear()
+        gc.collect()
 
 
 def _blocked_signals(strategy: Any) -> set[int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import multiprocessing
 import os
@@ -105,6 +106,10 @@ class MultiProcessingLauncher(Launcher):
         earlier = set(multiprocessing.active_children())
         errors = tempfile.TemporaryDirectory(prefix="interlock-ranks-")
         gate = os.pipe() if self.start_method == "fork" else None
+        if self.start_method == "fork":
+            # Garbage in this process (a process group dropped in a reference cycle)
+            # is finalised here, where its threads run; see _worker for the children.
+            gc.collect()
         try:
             with sigterm_as_exception():
                 with _signals_held(self.start_method) as held:
@@ -332,6 +337,13 @@ def _worker(local_rank: int,
             world_size: int, rendezvous: str, rank0_serves: bool, start_method: str,
             errors: str, parent_pid: int | None, held: frozenset[int],
             gate: tuple[int, int] | None = None) -> None:
+    if start_method == "fork":
+        # What the child inherited is never finalised in it: a gloo process group's
+        # destructor joins its worker threads, which exist only in the launching
+        # process, so a garbage collection that met one waited for ever (seen as a
+        # rank stuck in gc.collect() inside DeepSpeed's ZeRO-3 setup). Objects the
+        # child makes itself are collected as usual.
+        gc.freeze()
     if signal.getsignal(signal.SIGTERM) is _raise_terminate:
         # inherited from the launching process by fork: here SIGTERM is the launcher
         # (or torch) stopping this worker, not a failure of its own to report
