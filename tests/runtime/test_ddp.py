@@ -255,7 +255,8 @@ def test_a_large_result_comes_back_without_blocking() -> None:
 def _gloo_group_in_a_cycle() -> dict[str, Any]:
     """A one-rank gloo process group (it runs worker threads) held by a dict that
     refers to itself, so that only a garbage collection can free it."""
-    holder: dict[str, Any] = {"group": dist.ProcessGroupGloo(dist.HashStore(), 0, 1)}
+    holder: dict[str, Any] = {"group": dist.ProcessGroupGloo(
+        dist.HashStore(), 0, 1, datetime.timedelta(seconds=30))}
     holder["self"] = holder
     return holder
 
