@@ -266,22 +266,60 @@ class MeshIgnoresTensorParallel(ModelParallelStrategy):
         return self.global_rank % self.data_parallel_size
 
 
+class ClipsOneStage(ModelParallelStrategy):
+    """clip_gradients_norm measures only this pipeline stage's gradients (torch's
+    clip_grad_norm_ on the stage, without the reduction over pp)."""
+
+    def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float,
+                            norm_type: float = 2.0) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
+
+        self.precision.unscale_gradients(optimizer)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+class RescalesAccumulated(ModelParallelStrategy):
+    """Under pp every pipeline step divides all gradients by the micro-batch count
+    (torch's scale_grads=True), what earlier micro-steps accumulated included."""
+
+    def forward_backward(self, module: nn.Module, inputs: Any, target: Any,
+                         loss_fn: Callable[[Any, Any], torch.Tensor]) -> torch.Tensor:
+        if int(self.parallelism.pp) > 1:
+            with torch.no_grad():
+                for param in module.parameters():
+                    if param.grad is not None:
+                        param.grad.div_(self.pipeline_microbatches)
+        return super().forward_backward(module, inputs, target, loss_fn)
+
+
 #: broken strategies of the model-parallel family (their bugs show on a mesh)
 BROKEN_MESH: dict[str, type[ModelParallelStrategy]] = {
     "broken_mesh_ignores_tp": MeshIgnoresTensorParallel,
+    "broken_clips_one_stage": ClipsOneStage,
+    "broken_rescales_accumulated": RescalesAccumulated,
 }
+#: the pipeline ones declare pp (with dp_shard, its partner on the mesh)
+_PIPELINED = frozenset({"broken_clips_one_stage", "broken_rescales_accumulated"})
 
 
 def _register_mesh() -> None:
+    template = next(s for s in BUILTIN_STRATEGIES if s.name == "model_parallel")
     for name, cls in BROKEN_MESH.items():
         if name in strategy_specs():
             continue
+        pipelined = name in _PIPELINED
         interlock.register_strategy(interlock.StrategySpec(
             name=name, factory=f"{__name__}:{cls.__name__}",
             description=f"deliberately broken: {cls.__doc__}", family="model_parallel",
             accelerators=frozenset({"cpu"}), precisions=frozenset({"32-true"}),
-            launcher="fork", parallel_dims=frozenset({"dp_shard", "tp"}),
-            default_parallelism={"tp": "node", "dp_shard": "auto"},
+            launcher="fork",
+            parallel_dims=frozenset({"dp_shard", "pp" if pipelined else "tp"}),
+            default_parallelism={"dp_shard": "auto"} if pipelined
+            else {"tp": "node", "dp_shard": "auto"},
+            capabilities=template.capabilities & {"accumulation", "clipping"}
+            if pipelined else frozenset(),
         ))
 
 

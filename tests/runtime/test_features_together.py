@@ -67,6 +67,41 @@ def test_a_pipeline_keeps_accumulated_gradients_when_the_batch_shape_changes() -
     _compare("pp2_dp2, batches of 8 then 16", got, 2, 2, 0.5, 16)
 
 
+def _set_up_the_whole_model(strategy: ParallelStrategy, tied: bool) -> dict[str, Any]:
+    """An optimizer created over the whole model before setup, as scripts write it;
+    what each stage's optimizer steps after setup."""
+    from interlock.conformance import recipes
+
+    model = recipes.build(0.0, tied)
+    adamw = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    module, (opt,) = strategy.setup_module_and_optimizers(model, [adamw])
+    stepped = {id(p) for group in opt.param_groups for p in group["params"]}
+    held = [name.rsplit("stage_module.", 1)[-1] for name, p in module.named_parameters()
+            if id(p) in stepped]
+    return {"stages": strategy.collective.all_gather_object(held),
+            "count": len(stepped)}
+
+
+@pytest.mark.timeout(120)
+def test_an_optimizer_over_the_whole_model_steps_each_stage_s_own_layers() -> None:
+    got = launch_forked(_model_parallel("pp2"), _set_up_the_whole_model, False)
+    first, last = got["stages"]
+    assert first and last and not set(first) & set(last), got
+    assert "embed.weight" in first and "head.weight" in last, got
+    assert got["count"] == len(first), "rank 0's optimizer steps what its stage lacks"
+
+
+@pytest.mark.timeout(120)
+def test_weights_tied_across_pipeline_stages_are_refused_on_every_stage() -> None:
+    """The embedding on the first stage and the tied head on the last would each train
+    a copy of their own: refused at setup, naming both, on every rank alike."""
+    with pytest.raises(Exception, match=r"embed.weight and head.weight are one parameter "
+                       r"\(tied weights\), but the pipeline split puts it on stages 0, 1"
+                       ) as info:
+        launch_forked(_model_parallel("pp2"), _set_up_the_whole_model, True)
+    assert "untie them" in str(info.value)
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("layout", ["tp2_head", "fsdp2_tp2_head"])
 def test_clipping_under_a_tensor_parallel_plan_that_leaves_the_head_replicated(

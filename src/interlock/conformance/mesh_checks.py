@@ -4,8 +4,9 @@
 Each launches the strategy with ``parallelism=`` the layout, trains through
 ``forward_backward`` and compares, in the launching process: every rank's mesh
 coordinates and flattened groups with the layout's arithmetic, the data shard each rank
-read, the parameters with one plain process, and a checkpoint saved under the layout
-and loaded at world size 1 (resharding).
+read, the parameters with one plain process, the recipe of
+:mod:`interlock.conformance.recipes` trained on the layout with one plain process, and a
+checkpoint saved under the layout and loaded at world size 1 (resharding).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from interlock.conformance import reference
+from interlock.conformance import recipes, reference
 from interlock.conformance.checks import CheckFailed, CheckSkipped, full
 from interlock.connector.errors import ResolutionError
 from interlock.connector.parallelism import DIMS, FLATTENED, MeshLayout, Parallelism
@@ -52,9 +53,11 @@ def _share(tensor: torch.Tensor, strategy: Any) -> torch.Tensor:
     return tensor.chunk(strategy.data_parallel_size)[index]
 
 
-def train_on_the_mesh(strategy: Any, path: str) -> dict[str, Any]:
+def train_on_the_mesh(strategy: Any, path: str, accumulate: int,
+                      clip: bool) -> dict[str, Any]:
     """In every rank: where the mesh puts this rank, then `MESH_STEPS` SGD steps
-    through ``forward_backward``, then a checkpoint. Returns every rank's view."""
+    through ``forward_backward``, then a checkpoint, then the recipe
+    (:func:`recipe_on_the_mesh`). Returns every rank's view."""
     meshes = strategy.meshes
     where = {
         "rank": strategy.global_rank,
@@ -77,7 +80,36 @@ def train_on_the_mesh(strategy: Any, path: str) -> dict[str, Any]:
     merged: dict[str, torch.Tensor] = {}
     for part in strategy.collective.all_gather_object(params):  # pipeline stages differ
         merged.update(part)
-    return {"ranks": strategy.collective.all_gather_object(where), "params": merged}
+    return {"ranks": strategy.collective.all_gather_object(where), "params": merged,
+            "recipe": recipe_on_the_mesh(strategy, accumulate, clip)}
+
+
+def recipe_on_the_mesh(strategy: Any, accumulate: int, clip: bool) -> dict[str, Any]:
+    """The recipe loop (:mod:`interlock.conformance.recipes`, no dropout) on the
+    layout: the full parameters (every stage's), the batches every data-parallel rank
+    read, and the norms clipping returned.
+
+    Under pipeline parallel the head is untied (pipeline parallel refuses weights tied
+    across stages), each batch is split into as many micro-batches as it has samples,
+    and the epoch's last, smaller batch is dropped (a pipeline splits every batch into
+    equal micro-batches)."""
+    pipelined = meshes_size(strategy, "pp") > 1
+    if pipelined and hasattr(strategy, "pipeline_microbatches"):
+        strategy.pipeline_microbatches = recipes.BATCH
+    got = recipes.train(strategy, dropout=0.0, accumulate=accumulate, clip=clip,
+                        tied=not pipelined, drop_last=pipelined)
+    merged: dict[str, torch.Tensor] = {}
+    for part in strategy.collective.all_gather_object(
+            {k: v.float() for k, v in got["params"].items()}):
+        merged.update(part)
+    return {"params": merged, "norms": got["norms"], "tied": not pipelined,
+            "seen": strategy.collective.all_gather_object((got["data_rank"], got["seen"]))}
+
+
+def meshes_size(strategy: Any, dim: str) -> int:
+    """The size of the strategy's mesh dimension ``dim``."""
+    size: int = strategy.meshes[dim].size()
+    return size
 
 
 def load_elsewhere(strategy: Any, path: str) -> dict[str, Any]:
@@ -135,7 +167,7 @@ def _check_mesh(dim: str, ctx: Any) -> None:
                            f"{error.reason}") from None
     path = str(ctx.workdir / f"mesh_{dim}")
     try:
-        result = strategy.launch(train_on_the_mesh, path)
+        result = strategy.launch(train_on_the_mesh, path, *recipes.features(ctx.spec))
     except Exception as error:
         raise CheckFailed(f"{shown} on {MESH_WORLD_SIZE} ranks: {type(error).__name__}: "
                           f"{str(error)[:2000]}") from None
@@ -146,6 +178,7 @@ def _check_mesh(dim: str, ctx: Any) -> None:
     except AssertionError as error:
         problems.append(f"parameters after {MESH_STEPS} steps differ from one plain "
                         f"process: {str(error)[:800]}")
+    problems += _recipe_problems(result.get("recipe"), ctx.spec)
     try:
         loaded = ctx.resolve("32-true", 1).launch(load_elsewhere, path)
         torch.testing.assert_close(loaded["params"], result.get("params"), rtol=0, atol=0)
@@ -178,4 +211,29 @@ def _mesh_problems(result: Any, layout: MeshLayout) -> list[str]:
         if tuple(seen["data"]) != layout.flattened("dp", rank):
             problems.append(f"rank {rank} reads data shard {tuple(seen['data'])} (rank, "
                             f"size), expected {layout.flattened('dp', rank)}")
+    return problems
+
+
+def _recipe_problems(recipe: Any, spec: Any) -> list[str]:
+    """Where the recipe trained on the layout differs from one plain process on the
+    batches the ranks read."""
+    if not isinstance(recipe, dict):
+        return [f"the recipe on the layout returned {type(recipe).__name__}"]
+    accumulate, clip = recipes.features(spec)
+    steps = recipes.global_steps(recipe["seen"])
+    want = recipes.one_process("32-true", steps, accumulate=accumulate, clip=clip,
+                               tied=recipe["tied"])
+    tol = reference.tolerance("32-true", spec.parity_tolerance)
+    problems = []
+    for what, got, expected in (
+            ("the norms clip_gradients_norm returned", torch.tensor(recipe["norms"]),
+             torch.tensor(want["norms"])),
+            (f"the parameters after {len(steps)} steps", recipe["params"],
+             want["params"])):
+        try:
+            torch.testing.assert_close(got, expected, rtol=tol["rtol"], atol=tol["atol"])
+        except AssertionError as error:
+            problems.append(f"the recipe (AdamW, warm-up, accumulation {accumulate}, "
+                            f"clipping {'on' if clip else 'off'}): {what} differ from one "
+                            f"plain process: {str(error)[:800]}")
     return problems

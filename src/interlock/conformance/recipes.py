@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -58,38 +59,60 @@ FAULT_STEP = 3
 SEED = 1234
 
 
-class RecipeLM(nn.Module):
-    """Embedding (tied to the head), a pre-norm MLP block with a residual and dropout,
-    and a persistent buffer added to the embeddings."""
+class _Embedding(nn.Embedding):
+    """Token embeddings plus a persistent buffer (a learned model's fixed offset)."""
 
-    #: how the suite's parallelize function splits it over ``tp``
-    tensor_parallel: ClassVar[dict[str, str]] = {"block.0": "colwise", "block.2": "rowwise"}
-
-    def __init__(self, dropout: float) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, WIDTH)
-        self.norm = nn.LayerNorm(WIDTH)
-        self.block = nn.Sequential(nn.Linear(WIDTH, HIDDEN), nn.Tanh(),
-                                   nn.Linear(HIDDEN, WIDTH))
-        self.drop = nn.Dropout(dropout)
-        self.head = nn.Linear(WIDTH, VOCAB, bias=False)
-        self.head.weight = self.embed.weight
+    def __init__(self) -> None:
+        super().__init__(VOCAB, WIDTH)
         self.register_buffer("offset", torch.linspace(-0.1, 0.1, WIDTH))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         offset: torch.Tensor = self.offset  # type: ignore[assignment]
-        hidden = self.embed(tokens) + offset.to(self.embed.weight.dtype)
-        hidden = hidden + self.drop(self.block(self.norm(hidden)))
-        logits: torch.Tensor = self.head(hidden)
-        return logits
+        hidden: torch.Tensor = super().forward(tokens)
+        return hidden + offset.to(hidden.dtype)
 
 
-def build(dropout: float) -> RecipeLM:
+class _Block(nn.Module):
+    """A pre-norm MLP with a residual and dropout."""
+
+    def __init__(self, dropout: float) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(WIDTH)
+        self.mlp = nn.Sequential(nn.Linear(WIDTH, HIDDEN), nn.Tanh(),
+                                 nn.Linear(HIDDEN, WIDTH))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = hidden + self.drop(self.mlp(self.norm(hidden)))
+        return out
+
+
+class RecipeLM(nn.Sequential):
+    """Embedding (tied to the head unless ``tied`` is False), a pre-norm MLP block with
+    a residual and dropout, and a persistent buffer added to the embeddings. A
+    sequence of three layers, so that pipeline parallel's default split cuts it (the
+    head on the last stage)."""
+
+    #: how the suite's parallelize function splits it over ``tp``
+    tensor_parallel: ClassVar[dict[str, str]] = {"block.mlp.0": "colwise",
+                                                 "block.mlp.2": "rowwise"}
+
+    def __init__(self, dropout: float, tied: bool = True) -> None:
+        super().__init__(OrderedDict(
+            embed=_Embedding(), block=_Block(dropout),
+            head=nn.Linear(WIDTH, VOCAB, bias=False)))
+        if tied:
+            embed, head = self.get_submodule("embed"), self.get_submodule("head")
+            assert isinstance(embed, nn.Embedding) and isinstance(head, nn.Linear)
+            head.weight = embed.weight
+
+
+def build(dropout: float, tied: bool = True) -> RecipeLM:
     """The model, initialised the same way every time (the caller's random state is
     left as it was)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        return RecipeLM(dropout)
+        return RecipeLM(dropout, tied)
 
 
 def sequences() -> torch.Tensor:
@@ -111,7 +134,8 @@ def _loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def train(strategy: Any, *, dropout: float, accumulate: int, clip: bool,
-          directory: str | None = None, fault: faults.Fault | None = None) -> dict[str, Any]:
+          directory: str | None = None, fault: faults.Fault | None = None,
+          tied: bool = True, drop_last: bool = False) -> dict[str, Any]:
     """The recipe in every rank: resume from the newest checkpoint in ``directory``
     (when given), train ``EPOCHS`` epochs, save every ``SAVE_EVERY`` optimizer steps.
     Returns the full parameters (and, with ``directory``, the optimizer state), the
@@ -126,23 +150,25 @@ def train(strategy: Any, *, dropout: float, accumulate: int, clip: bool,
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(SEED)
         return _train(strategy, dropout=dropout, accumulate=accumulate, clip=clip,
-                      directory=directory, fault=fault)
+                      directory=directory, fault=fault, tied=tied, drop_last=drop_last)
 
 
 def _train(strategy: Any, *, dropout: float, accumulate: int, clip: bool,
-           directory: str | None, fault: faults.Fault | None) -> dict[str, Any]:
+           directory: str | None, fault: faults.Fault | None,
+           tied: bool, drop_last: bool) -> dict[str, Any]:
     from torch.utils.data import DataLoader, TensorDataset
 
     from interlock.checkpoints import CheckpointManager
 
     attempt = restart_attempt()
-    model = build(dropout)
+    model = build(dropout, tied)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY,
                             eps=EPS)
     module, (opt,) = strategy.setup_module_and_optimizers(model, [opt])
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, warmup)
     loader = strategy.setup_dataloader(DataLoader(TensorDataset(torch.arange(SAMPLES)),
-                                                  batch_size=BATCH, shuffle=True))
+                                                  batch_size=BATCH, shuffle=True,
+                                                  drop_last=drop_last))
     data = sequences()
     state: dict[str, Any] = {"model": module, "optimizer": opt, "step": 0, "epoch": 0,
                              "batches": 0, "schedule": schedule.state_dict()}
@@ -197,7 +223,7 @@ def _train(strategy: Any, *, dropout: float, accumulate: int, clip: bool,
 
 
 def one_process(precision: str, steps: list[list[list[int]]], *, accumulate: int,
-                clip: bool) -> dict[str, Any]:
+                clip: bool, tied: bool = True) -> dict[str, Any]:
     """The recipe without dropout in one process, each optimizer step on the
     micro-batches ``steps`` lists (every data-parallel rank's together), in
     ``precision`` the way one device runs it: plain torch for the built-in precisions;
@@ -206,9 +232,9 @@ def one_process(precision: str, steps: list[list[list[int]]], *, accumulate: int
     from interlock.connector.tables import PRECISION_ROWS
 
     if precision not in PRECISION_ROWS:
-        return one_device(precision, steps, accumulate=accumulate, clip=clip)
+        return one_device(precision, steps, accumulate=accumulate, clip=clip, tied=tied)
     made = reference.recipe(precision)
-    net = build(0.0).to(made.param_dtype)
+    net = build(0.0, tied).to(made.param_dtype)
     opt = torch.optim.AdamW(net.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, eps=EPS)
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, warmup)
     scaler = (torch.amp.GradScaler("cpu", init_scale=reference.PARITY_SCALE) if made.scaler
@@ -238,7 +264,7 @@ def one_process(precision: str, steps: list[list[list[int]]], *, accumulate: int
 
 
 def one_device(precision: str, steps: list[list[list[int]]], *, accumulate: int,
-               clip: bool) -> dict[str, Any]:
+               clip: bool, tied: bool = True) -> dict[str, Any]:
     """The recipe without dropout through ``single_device`` in ``precision`` on the
     CPU, in this process: the reference for a precision whose plugin the suite cannot
     reproduce in plain torch."""
@@ -246,7 +272,7 @@ def one_device(precision: str, steps: list[list[list[int]]], *, accumulate: int,
 
     single = interlock.resolve(strategy="single_device", accelerator="cpu",
                                precision=precision)
-    net = build(0.0)
+    net = build(0.0, tied)
     adamw = torch.optim.AdamW(net.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, eps=EPS)
     module, (opt,) = single.setup_module_and_optimizers(net, [adamw])
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, warmup)
@@ -287,7 +313,9 @@ def global_steps(per_rank: list[tuple[int, list[list[list[int]]]]]
             for step in range(len(ranks[0]))]
 
 
-def _features(spec: Any) -> tuple[int, bool]:
+def features(spec: Any) -> tuple[int, bool]:
+    """What the recipe uses for a strategy: accumulation over 2 micro-batches where it
+    declares ``accumulation``, clipping where it declares ``clipping``."""
     return (2 if "accumulation" in spec.capabilities else 1,
             "clipping" in spec.capabilities)
 
@@ -306,7 +334,7 @@ def check_recipe_parity(ctx: RankContext) -> None:
             "once differently diverge (one plain process against itself in another "
             "summation order); training_parity holds this precision to one process")
     e = Expect()
-    accumulate, clip = _features(ctx.spec)
+    accumulate, clip = features(ctx.spec)
     got = train(ctx.strategy, dropout=0.0, accumulate=accumulate, clip=clip)
     everyone = ctx.strategy.collective.all_gather_object((got["data_rank"], got["seen"]))
     steps = global_steps(everyone)
@@ -386,7 +414,7 @@ def check_recipe_resume(ctx: LaunchContext) -> None:
     if "32-true" not in ctx.spec.precisions:
         raise CheckSkipped("the recipe's restart runs in 32-true, which the strategy does "
                            "not declare")
-    accumulate, clip = _features(ctx.spec)
+    accumulate, clip = features(ctx.spec)
     runs: dict[str, dict[str, Any]] = {}
     fault = faults.Fault(kind="raise_in_backward", rank=ctx.world_size - 1, step=FAULT_STEP)
     for name, injected in (("undisturbed", None), ("restarted", fault)):

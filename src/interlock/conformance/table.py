@@ -373,8 +373,10 @@ CHECKS: tuple[Check, ...] = (
             f"({DIM_DOCS[dim]}): every rank's mesh coordinates, flattened groups (`dp`, "
             "`dp_shard_cp`, `dp_cp`) and data shard follow the layout; "
             f"{mesh_checks.MESH_STEPS} steps through `forward_backward` equal one plain "
-            "process; the checkpoint saved under the layout loads at world size 1 "
-            "unchanged. A layout `plan()` refuses on the runner is skipped with its reason",
+            "process, and so does the recipe (AdamW, warm-up, accumulation, active "
+            "clipping, a shuffled loader; untied under pp); the checkpoint saved under the "
+            "layout loads at world size 1 unchanged. A layout `plan()` refuses on the "
+            "runner is skipped with its reason",
             why="a layout that trains on the wrong ranks or shards looks fine until the "
             "loss curve does not")
         for dim in DIMS

@@ -699,7 +699,7 @@ def _rebind(optimizer: Optimizer, names: dict[int, str],
             f"{type(optimizer).__name__} already has state for parameters that the strategy "
             "replaced when it set up the module; create the optimizer after setup_module"
         )
-    missing = [p for g in groups for p in g["params"] if names.get(id(p)) not in current]
+    missing = [p for g in groups for p in g["params"] if id(p) not in names]
     if missing:
         raise ValueError(
             f"{type(optimizer).__name__} steps {len(missing)} tensor(s) that are not "
@@ -707,9 +707,12 @@ def _rebind(optimizer: Optimizer, names: dict[int, str],
         )
     # In place, not a new optimizer: schedulers, hooks and the caller's references all
     # hold this object. It has no state yet, so only the groups name the parameters.
-    # the lists themselves, not new ones: some optimizers (LBFGS) keep a reference
+    # the lists themselves, not new ones: some optimizers (LBFGS) keep a reference.
+    # A parameter of the module that the set-up module no longer has lives on other
+    # ranks (a pipeline stage keeps only its own layers): this rank does not step it.
     for group in groups:
-        group["params"][:] = [current[names[id(p)]] for p in group["params"]]
+        group["params"][:] = [current[names[id(p)]] for p in group["params"]
+                              if names[id(p)] in current]
     return optimizer
 
 

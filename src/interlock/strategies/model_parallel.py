@@ -26,7 +26,9 @@ from interlock.strategies.pipeline import (
     PipelineRunner,
     ScheduleName,
     SplitFn,
+    refuse_ties_across_stages,
     split_sequential,
+    tied_parameters,
 )
 from interlock.strategies.precision import Precision
 from interlock.strategies.sharding import (
@@ -113,12 +115,7 @@ class ModelParallelStrategy(ParallelStrategy):
         if pipeline_schedule not in SCHEDULES:
             raise ValueError(f"ModelParallelStrategy(pipeline_schedule={pipeline_schedule!r})"
                              f": expected one of {', '.join(SCHEDULES)}")
-        if pipeline_microbatches is not None and (
-            not isinstance(pipeline_microbatches, int) or isinstance(pipeline_microbatches, bool)
-            or pipeline_microbatches < 1
-        ):
-            raise ValueError(f"ModelParallelStrategy(pipeline_microbatches="
-                             f"{pipeline_microbatches!r}): expected an int >= 1")
+        _check_microbatches(pipeline_microbatches)
         self.parallelize_fn = parallelize_fn
         self._requested = (data_parallel_size, tensor_parallel_size)
         self.pipeline_schedule = pipeline_schedule
@@ -173,6 +170,12 @@ class ModelParallelStrategy(ParallelStrategy):
         """Micro-batches per step under pipeline parallel."""
         return self._microbatches or 2 * int(self.parallelism.pp)
 
+    @pipeline_microbatches.setter
+    def pipeline_microbatches(self, value: int | None) -> None:
+        """Micro-batches for the modules set up from now on (None: 2 x pp)."""
+        _check_microbatches(value)
+        self._microbatches = value
+
     def setup_environment(self) -> None:
         self._check_layout()  # refuse a bad layout before any process group exists
         super().setup_environment()
@@ -192,7 +195,11 @@ class ModelParallelStrategy(ParallelStrategy):
         pp = int(self.parallelism.pp)
         stage = self.device_mesh["pp"].get_local_rank()
         if pp > 1:
+            tied = tied_parameters(module)
             module = self.pipeline_split_fn(module, stage, pp)
+            refuse_ties_across_stages(tied, module, stage=stage, num_stages=pp,
+                                      group=self.device_mesh["pp"].get_group(),
+                                      device=self.root_device)
         parallel = self.parallelize_fn(module, self.device_mesh)
         if not isinstance(parallel, nn.Module):
             raise TypeError(
@@ -341,3 +348,10 @@ def _replicated_prefixes(module: nn.Module) -> list[str]:
         if isinstance(sub, nn.parallel.DistributedDataParallel) or "replicate" in registry:
             prefixes.append(f"{name}." if name else "")
     return prefixes
+
+
+def _check_microbatches(value: object) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                              or value < 1):
+        raise ValueError(f"ModelParallelStrategy(pipeline_microbatches={value!r}): "
+                         "expected an int >= 1")

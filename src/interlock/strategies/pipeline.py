@@ -71,6 +71,49 @@ def split_sequential(module: nn.Module, stage: int, num_stages: int) -> nn.Modul
     return module
 
 
+def tied_parameters(module: nn.Module) -> list[tuple[str, ...]]:
+    """The names of each parameter that ``module`` holds under more than one name
+    (tied weights: a language model's embedding and output head)."""
+    names: dict[int, list[str]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    return [tuple(group) for group in names.values() if len(group) > 1]
+
+
+def refuse_ties_across_stages(tied: list[tuple[str, ...]], stage_module: nn.Module, *,
+                              stage: int, num_stages: int, group: dist.ProcessGroup,
+                              device: torch.device) -> None:
+    """Refuse a split that puts one tied parameter on more than one stage.
+
+    Each such stage would keep a copy of its own, updated by that stage's gradient
+    only: the copies drift apart from the first step, and nothing says so. Every stage
+    learns where each tied parameter landed (one small all-reduce over the pipeline
+    group) and all of them raise alike.
+
+    Raises:
+        ValueError: naming the tied names and the stages that hold them.
+    """
+    if not tied:
+        return
+    held = {name for name, _ in stage_module.named_parameters(remove_duplicate=False)}
+    where = torch.zeros(num_stages, len(tied), dtype=torch.int64)
+    for index, names in enumerate(tied):
+        where[stage, index] = int(any(name in held for name in names))
+    where = where.to(device)
+    dist.all_reduce(where, group=group)
+    for index, names in enumerate(tied):
+        stages = [s for s in range(num_stages) if int(where[s, index])]
+        if len(stages) > 1:
+            raise ValueError(
+                f"{' and '.join(names)} are one parameter (tied weights), but the "
+                f"pipeline split puts it on stages {', '.join(map(str, stages))}: each "
+                "stage would train its own copy from its own gradient, and the copies "
+                "would drift apart silently. Pipeline parallel does not keep weights "
+                "tied across stages: untie them (give each layer its own parameter), or "
+                "pass a pipeline_split_fn that keeps the tied layers on one stage"
+            )
+
+
 class PipelineRunner(nn.Module):
     """One pipeline stage and its schedule: what ``setup_module`` returns under pp > 1.
 
