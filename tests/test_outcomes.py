@@ -169,6 +169,42 @@ def test_withdrawn_and_typo_strategies() -> None:
     assert typo.suggestion == "fsdp" and "Did you mean 'fsdp'?" in str(typo)
 
 
+def test_a_misspelt_name_is_offered_only_names_that_get_past_its_flag() -> None:
+    """The choices of an unknown name are the names that would work here with the
+    other flags as written; a did-you-mean that would be refused too says why
+    instead of being offered."""
+    typo = refusal(CPU, strategy="deepsped")
+    assert typo.suggestion is None and "deepspeed" not in typo.choices, typo
+    assert "The closest name, 'deepspeed', is refused here too: [missing-package]" in str(
+        typo)
+    assert {"ddp", "fsdp", "single_device"} <= set(typo.choices)
+    with_it = refusal(Machine(packages=frozenset({"deepspeed"})), strategy="deepsped")
+    assert with_it.suggestion == "deepspeed" and "deepspeed" in with_it.choices
+    accelerator = refusal(CPU, accelerator="cdua")
+    assert accelerator.choices == ("auto", "cpu") and accelerator.suggestion is None
+    seen = set()
+    for code, flag, flags in (
+            ("unknown-strategy", "strategy", {"strategy": "nope"}),
+            ("unknown-accelerator", "accelerator", {"accelerator": "nope"}),
+            ("unknown-precision", "precision", {"precision": "nope", "strategy": "fsdp"}),
+            ("devices-unavailable", "devices", {"accelerator": "cuda", "devices": 99})):
+        for machine in (CPU, EIGHT_GPUS, TPU):
+            try:
+                plan(machine=machine, **flags)
+            except ResolutionError as error:
+                if error.code != code:
+                    continue
+                assert error.choices, error
+                seen.add(code)
+                for choice in error.choices:
+                    value: Any = int(choice) if choice.lstrip("-").isdigit() else choice
+                    try:
+                        plan(machine=machine, **{**flags, flag: value})
+                    except ResolutionError as again:
+                        assert again.flag != flag, (flags, machine, choice, again)
+    assert len(seen) == 4, seen
+
+
 def test_substitutes_are_the_only_choice() -> None:
     assert refusal(TPU, strategy="fsdp").choices == ("xla_fsdp",)
     assert refusal(CPU, strategy="fsdp_cpu_offload").choices == ("fsdp",)

@@ -53,7 +53,12 @@ def render_rules_markdown() -> str:
         "",
         "`interlock.plan()` runs the stages below in order. Each decision is an ordered "
         "list of rules; the first rule whose condition holds decides and is recorded in "
-        "`Plan.trace` (a refusal raises `ResolutionError` with the code shown).",
+        "`Plan.trace` (a refusal raises `ResolutionError` with the code shown). A "
+        "refusal whose choices are values of its own flag chosen without the other flags "
+        "(an unknown accelerator, strategy or precision name; a device count the "
+        "machine lacks; a launcher a notebook cannot run) offers only the values that, "
+        "written in its place, get past that flag with the other flags as given; a "
+        "did-you-mean that would be refused too is replaced by the reason it would be.",
         "",
     ]
     for number, stage in enumerate(STAGES, 1):

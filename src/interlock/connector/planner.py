@@ -400,6 +400,56 @@ def plan(
     return result
 
 
+#: refusals whose choices are values of the refused flag (names, device counts) chosen
+#: without the other flags: `_choices_that_pass` narrows them to those that get past
+#: that flag here
+VOCABULARY_CODES = frozenset({"unknown-accelerator", "unknown-strategy",
+                              "unknown-precision", "interactive-incompatible",
+                              "devices-unavailable"})
+#: set while `_choices_that_pass` tries the choices (their own refusals stay as they are)
+_PROBING = [False]
+
+
+def _choices_that_pass(error: ResolutionError, machine: Machine,
+                       specs: Mapping[str, StrategySpec],
+                       written: Written) -> ResolutionError:
+    """``error`` offering only the names that, written in its flag's place, are not
+    refused on that flag again on this machine with the other flags as given (a name
+    refused on another flag stays: that refusal then says what else to change). A
+    did-you-mean that would be refused too is dropped, and the reason says why."""
+    def refusal(value: str) -> ResolutionError | None:
+        try:
+            _chain(machine, specs, written._replace(**{error.flag: _as_flag(error.flag,
+                                                                           value)}))
+        except ResolutionError as again:
+            return again if again.flag == error.flag else None
+        return None
+
+    _PROBING[0] = True
+    try:
+        choices = [c for c in error.choices if refusal(c) is None]
+        reason, suggestion = error.reason, error.suggestion
+        closest = refusal(suggestion) if suggestion is not None else None
+    finally:
+        _PROBING[0] = False
+    if closest is not None:
+        reason += (f" The closest name, {suggestion!r}, is refused here too: "
+                   f"[{closest.code}] {closest.reason.rstrip('.')}.")
+        suggestion = None
+    narrowed = ResolutionError(error.code, flag=error.flag, value=error.value,
+                               reason=reason, choices=choices, suggestion=suggestion,
+                               rule=error.rule)
+    narrowed.trace = error.trace
+    return narrowed
+
+
+def _as_flag(flag: str, choice: str) -> object:
+    """A choice as the flag takes it: a device count is offered as "4", written 4."""
+    if flag == "devices" and choice.removeprefix("-").isdigit():
+        return int(choice)
+    return choice
+
+
 def _chain(machine: Machine, specs: Mapping[str, StrategySpec], written: Written) -> Plan:
     """Run the stages in order, each on the results of those before it."""
     parts = current_parts()
@@ -446,6 +496,8 @@ def _chain(machine: Machine, specs: Mapping[str, StrategySpec], written: Written
         trace += plugins.trace
     except ResolutionError as error:
         error.trace = trace + error.trace
+        if error.code in VOCABULARY_CODES and not _PROBING[0]:
+            raise _choices_that_pass(error, machine, specs, written) from None
         raise
     spec = strategy.spec
     parallel_devices = strategy.parallel_devices
