@@ -5,10 +5,11 @@ layout shows. The suite's own mesh check is run here on such broken strategies."
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import broken_strategies  # noqa: F401  (registers them)
 import pytest
 from torch import nn
 
@@ -18,6 +19,18 @@ from interlock.conformance.checks import CheckFailed
 from interlock.conformance.driver import _prepare
 from interlock.conformance.launch_checks import LaunchContext
 from interlock.connector.registry import strategy_specs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _broken_strategies() -> Iterator[None]:
+    """The broken strategies registered for this module's tests only: every other test
+    in this process sees the registry without them."""
+    before = set(strategy_specs())
+    module = importlib.import_module("broken_strategies")
+    module._register_mesh()  # again, should an earlier test have unregistered them
+    yield
+    for name in set(strategy_specs()) - before:
+        interlock.unregister_strategy(name)
 
 
 def _context(name: str, workdir: Path) -> LaunchContext:
