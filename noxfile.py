@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import nox
+from nox.virtualenv import PassthroughEnv
 
 nox.options.reuse_venv = "yes"
 nox.options.sessions = ["tests", "typecheck"]
@@ -24,6 +25,11 @@ PYTHON = os.environ.get("INTERLOCK_PYTHON") or None
 
 
 def _install(session: nox.Session, extra: str) -> None:
+    if isinstance(session.virtualenv, PassthroughEnv):
+        # `nox --no-venv`: the calling environment runs the session and must already
+        # hold the extra (CI's .venv has `dev`, which includes `test`); it saves a
+        # fresh environment per session
+        return
     # torch first and pinned, so that nothing pulls an unpinned (CUDA, multi-GB) build
     session.install(TORCH)
     session.install("-e", f".[{extra}]", TORCH)
