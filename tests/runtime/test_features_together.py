@@ -213,3 +213,22 @@ def test_a_model_with_tied_weights_resumes_from_its_checkpoint(tmp_path: Path,
     resumed = launch_forked(strategy, tw.train_tied, path, 4, 2, True)
     assert resumed["tied_live"], f"{name}: the load untied the head from the embedding"
     close(resumed["params"], tw.baseline_tied(4), f"{name}: resumed, after 4 steps")
+
+
+def _optimizer_over_another_module(strategy: Any) -> str:
+    other = torch.nn.Linear(2, 2)
+    try:
+        strategy.setup_module_and_optimizers(torch.nn.Linear(2, 2),
+                                             [torch.optim.SGD(other.parameters(), lr=0.1)])
+    except ValueError as error:
+        return str(error)
+    return "accepted"
+
+
+def test_an_optimizer_over_another_module_is_still_refused_outside_pipelines() -> None:
+    """Only a rank that holds part of the layers may leave parameters out of its
+    optimizer; elsewhere a parameter the set-up module lacks is a mistake, refused."""
+    single = interlock.resolve(strategy="single_device", accelerator="cpu", machine=CPU)
+    assert single.holds_every_parameter
+    said = single.launch(_optimizer_over_another_module)
+    assert said == "SGD steps 2 tensor(s) that are not parameters of the module being set up"

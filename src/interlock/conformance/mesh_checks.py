@@ -93,7 +93,7 @@ def recipe_on_the_mesh(strategy: Any, accumulate: int, clip: bool) -> dict[str, 
     across stages), each batch is split into as many micro-batches as it has samples,
     and the epoch's last, smaller batch is dropped (a pipeline splits every batch into
     equal micro-batches)."""
-    pipelined = meshes_size(strategy, "pp") > 1
+    pipelined = int(strategy.meshes["pp"].size()) > 1
     if pipelined and hasattr(strategy, "pipeline_microbatches"):
         strategy.pipeline_microbatches = recipes.BATCH
     got = recipes.train(strategy, dropout=0.0, accumulate=accumulate, clip=clip,
@@ -104,12 +104,6 @@ def recipe_on_the_mesh(strategy: Any, accumulate: int, clip: bool) -> dict[str, 
         merged.update(part)
     return {"params": merged, "norms": got["norms"], "tied": not pipelined,
             "seen": strategy.collective.all_gather_object((got["data_rank"], got["seen"]))}
-
-
-def meshes_size(strategy: Any, dim: str) -> int:
-    """The size of the strategy's mesh dimension ``dim``."""
-    size: int = strategy.meshes[dim].size()
-    return size
 
 
 def load_elsewhere(strategy: Any, path: str) -> dict[str, Any]:

@@ -441,7 +441,16 @@ class Strategy(ABC):
         names = {id(p): n for n, p in unwrap(module).named_parameters()}
         wrapped = self.setup_module(module)
         current = dict(unwrap(wrapped).named_parameters())
-        return wrapped, [self.setup_optimizer(_rebind(o, names, current)) for o in optimizers]
+        partial = not self.holds_every_parameter
+        return wrapped, [self.setup_optimizer(_rebind(o, names, current, partial))
+                         for o in optimizers]
+
+    @property
+    def holds_every_parameter(self) -> bool:
+        """Whether the module this rank sets up keeps every parameter of the one given
+        (sharded or not); False where a rank holds only part of the model's layers (a
+        pipeline stage), whose optimizer then steps only those."""
+        return True
 
     def module_to_device(self, module: nn.Module) -> nn.Module:
         """Move ``module`` to the root device (:meth:`setup_module` does this); a module
@@ -688,7 +697,7 @@ class Strategy(ABC):
 
 
 def _rebind(optimizer: Optimizer, names: dict[int, str],
-            current: dict[str, nn.Parameter]) -> Optimizer:
+            current: dict[str, nn.Parameter], partial: bool = False) -> Optimizer:
     """``optimizer`` itself, its parameter groups pointing at the set-up module's
     parameters (nothing changes when they are the same ones)."""
     groups = optimizer.param_groups
@@ -699,7 +708,8 @@ def _rebind(optimizer: Optimizer, names: dict[int, str],
             f"{type(optimizer).__name__} already has state for parameters that the strategy "
             "replaced when it set up the module; create the optimizer after setup_module"
         )
-    missing = [p for g in groups for p in g["params"] if id(p) not in names]
+    missing = [p for g in groups for p in g["params"]
+               if id(p) not in names or not (partial or names[id(p)] in current)]
     if missing:
         raise ValueError(
             f"{type(optimizer).__name__} steps {len(missing)} tensor(s) that are not "
@@ -708,8 +718,8 @@ def _rebind(optimizer: Optimizer, names: dict[int, str],
     # In place, not a new optimizer: schedulers, hooks and the caller's references all
     # hold this object. It has no state yet, so only the groups name the parameters.
     # the lists themselves, not new ones: some optimizers (LBFGS) keep a reference.
-    # A parameter of the module that the set-up module no longer has lives on other
-    # ranks (a pipeline stage keeps only its own layers): this rank does not step it.
+    # Where this rank holds part of the layers (``partial``), a parameter the set-up
+    # module no longer has lives on other ranks: this rank does not step it.
     for group in groups:
         group["params"][:] = [current[names[id(p)]] for p in group["params"]
                               if names[id(p)] in current]

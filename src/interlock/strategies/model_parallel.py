@@ -176,6 +176,11 @@ class ModelParallelStrategy(ParallelStrategy):
         _check_microbatches(value)
         self._microbatches = value
 
+    @property
+    def holds_every_parameter(self) -> bool:
+        """False under pp > 1: each rank sets up its pipeline stage's layers only."""
+        return int(self.parallelism.pp) == 1
+
     def setup_environment(self) -> None:
         self._check_layout()  # refuse a bad layout before any process group exists
         super().setup_environment()
