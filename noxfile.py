@@ -37,11 +37,16 @@ def _install(session: nox.Session, extra: str) -> None:
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """The test suite, in parallel, under typeguard's import hook for interlock."""
+    """The test suite, in parallel, under typeguard's import hook for interlock.
+
+    ``--dist loadfile`` keeps each file on one worker: a module-scoped fixture (the
+    suite's meta-runs, minutes each) then runs once, not once per worker that got one
+    of its tests."""
     _install(session, "test")
     workers = os.environ.get("INTERLOCK_TEST_WORKERS", "auto")
     session.run(
-        "pytest", "-n", workers, "--typeguard-packages=interlock", *session.posargs
+        "pytest", "-n", workers, "--dist", "loadfile", "--typeguard-packages=interlock",
+        *session.posargs
     )
 
 
