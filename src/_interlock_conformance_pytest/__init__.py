@@ -35,6 +35,12 @@ def pytest_addoption(parser: Any) -> None:
                     "nothing to check here, is reported instead of failing the run")
     group.addoption("--interlock-keep-workdir", action="store_true", default=False,
                     help="keep the temporary directory with the drivers' logs")
+    group.addoption("--interlock-workers", type=int, default=0, metavar="N",
+                    help="run N driver launches at once, the costliest first (0: one "
+                    "at a time)")
+    group.addoption("--interlock-checks", default=None, metavar="ID,...",
+                    help="run only these checks (comma-separated ids); the report is "
+                    "then partial and verifies no cell")
 
 
 def pytest_configure(config: Any) -> None:

@@ -28,8 +28,8 @@ SIMULATE_HELP = (
 #: the subcommands, in the order the help lists them
 COMMANDS: tuple[str, ...] = ("plan", "matrix", "doctor", "conformance", "env")
 
-#: the install line that brings what ``interlock conformance`` runs on (pytest and
-#: pytest-xdist), said when they are missing
+#: the install line that brings what ``interlock conformance`` runs on (pytest), said
+#: when it is missing
 CONFORMANCE_INSTALL = "pip install 'interlock[conformance]'"
 
 
@@ -331,7 +331,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--skips-file", metavar="PATH")
     c.add_argument("--xfails-file", metavar="PATH")
     c.add_argument("--workers", type=int, default=0,
-                   help="run launches in parallel in N pytest-xdist workers")
+                   help="run N launches at once, the costliest first (0: one at a time)")
+    c.add_argument("--checks", metavar="ID,...",
+                   help="run only these checks while iterating; the report is then "
+                   "partial and verifies no cell")
     c.add_argument("--allow-missing-runner", action="store_true",
                    help="a requested runner this machine lacks, or a strategy with "
                    "nothing to check here (a missing package), is reported instead of "
@@ -371,19 +374,15 @@ def cmd_conformance(args: argparse.Namespace) -> int:
                          f"here: {CONFORMANCE_INSTALL}")
     import pytest
 
-    from interlock.conformance.options import OptionError, check_workers, validate
+    from interlock.conformance.options import OptionError, validate
 
     try:
         validate(strategies=args.strategy, runner=args.runner, world_sizes=args.world_sizes,
                  precisions=args.precisions, imports=args.imports,
                  skips_file=args.skips_file, xfails_file=args.xfails_file,
-                 report=args.report)
-        workers = check_workers(args.workers)
+                 report=args.report, workers=args.workers, checks=args.checks)
     except OptionError as error:
         raise UsageError(str(error)) from None
-    if workers > 0 and importlib.util.find_spec("xdist") is None:
-        raise UsageError(f"--workers needs pytest-xdist, which is not installed here: "
-                         f"{CONFORMANCE_INSTALL}")
     with tempfile.TemporaryDirectory(prefix="interlock-suite-config-") as config_dir:
         # an empty configuration file of the suite's own: pytest then reads no project
         # configuration, and its root directory is not the project's
@@ -413,8 +412,10 @@ def cmd_conformance(args: argparse.Namespace) -> int:
             argv.append("--interlock-allow-missing-runner")
         if args.keep_workdir:
             argv.append("--interlock-keep-workdir")
-        if workers > 0:
-            argv += ["-n", str(workers), "--dist", "loadgroup"]
+        if args.workers:
+            argv += ["--interlock-workers", str(args.workers)]
+        if args.checks:
+            argv += ["--interlock-checks", args.checks]
         if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
             argv += ["-p", "_interlock_conformance_pytest"]
         addopts = os.environ.pop("PYTEST_ADDOPTS", None)

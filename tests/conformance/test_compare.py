@@ -192,7 +192,8 @@ def test_a_new_schema_report_round_trips_through_load(tmp_path: Path) -> None:
     data = json.loads(path.read_text())
     assert data["schema"] == REPORT_SCHEMA == 1
     assert data["suite"] == {"version": __version__, "checks": [c.id for c in CHECKS]}
-    assert data["options"] == {"runner": "cpu", "world_sizes": [1, 2], "precisions": None}
+    assert data["options"] == {"runner": "cpu", "world_sizes": [1, 2], "precisions": None,
+                               "checks": None}
     assert data["declared"][-1] == {"strategy": "single_device", "runner": "cpu",
                                     "precisions": sorted(PRECISIONS), "world_sizes": [1, 2]}
 

@@ -54,7 +54,7 @@ def fault_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         run = run_suite(workdir, "broken_strategies",
                         ["ddp_fork", "broken_loses_optimizer_state_on_load",
                          "correct_ddp_subclass", *RESUME_BUGS],
-                        "-n", "2", "--dist", "loadgroup")
+                        "--interlock-workers", "2")
     finally:
         if before is None:
             os.environ.pop("TMPDIR", None)

@@ -217,7 +217,7 @@ def test_a_rerun_rank_reaching_the_drivers_end_writes_no_records(
     argv = ["--strategy", "ddp", "--accelerator", "cpu", "--world-size", "2",
             "--precisions", "32-true", "--workdir", str(tmp_path / "work")]
     assert driver.main([*argv, "--out", str(tmp_path / "driver.json")]) == 0
-    assert json.loads((tmp_path / "driver.json").read_text())[0]["check"] == "x"
+    assert json.loads((tmp_path / "driver.json").read_text())["records"][0]["check"] == "x"
 
     monkeypatch.setenv(history.LAUNCH_INDEX_ENV, "0")
     monkeypatch.setenv(RENDEZVOUS_ENV, "127.0.0.1:1")

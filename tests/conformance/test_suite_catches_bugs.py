@@ -52,7 +52,7 @@ def suite_run(request: pytest.FixtureRequest,
              for item in here}
     strategies = [s for s in EXPECTED_FAILURES if None in asked or s in asked]
     return run_suite(tmp_path_factory.mktemp("suite"), "broken_strategies",
-                     strategies, "-n", "2", "--dist", "loadgroup")
+                     strategies, "--interlock-workers", "2")
 
 
 @pytest.mark.timeout(960)

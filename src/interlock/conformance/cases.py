@@ -112,7 +112,11 @@ def missing_packages(spec: StrategySpec) -> str | None:
 
 
 def cases_for(spec: StrategySpec, runner: str, world_sizes: Sequence[int],
-              only_precisions: Sequence[str] | None = None) -> list[Case]:
+              only_precisions: Sequence[str] | None = None,
+              only_checks: Sequence[str] | None = None) -> list[Case]:
+    """The strategy's cases on ``runner``: every check of the table (or only those
+    named in ``only_checks``) at each world size and precision."""
+    chosen = [c for c in CHECKS if only_checks is None or c.id in only_checks]
     accelerator = RUNNERS[runner]
     devices, unavailable = runner_devices(runner)
     accelerators = strategy_accelerators(spec)
@@ -123,7 +127,7 @@ def cases_for(spec: StrategySpec, runner: str, world_sizes: Sequence[int],
     out = [Case(spec.name, runner, None, ANY_PRECISION, check.id,
                 skip=None if accelerator in accelerators else
                 f"{spec.name} does not declare the {accelerator} accelerator")
-           for check in CHECKS if isinstance(check.runs, InPytest)]
+           for check in chosen if isinstance(check.runs, InPytest)]
     precisions = precisions_for(spec, runner, only_precisions, include_unavailable=True)
     for world_size in world_sizes:
         skip = unavailable
@@ -141,7 +145,7 @@ def cases_for(spec: StrategySpec, runner: str, world_sizes: Sequence[int],
                     "none of the strategy's precisions runs on this runner")
         if skip is None and precisions and all(precision_unavailable(p) for p in precisions):
             skip = precision_unavailable(precisions[0])
-        for check in CHECKS:
+        for check in chosen:
             if isinstance(check.runs, InPytest):
                 continue
             labels = precisions if check.per_precision else [ANY_PRECISION]
@@ -207,7 +211,8 @@ def select(options: SuiteOptions) -> Selection:
               for ep in broken_entry_points_asked(names) for r in runners
               for check in CHECKS if isinstance(check.runs, InPytest)]
     cases = broken + [case for spec in chosen for r in runners
-                      for case in cases_for(spec, r, options.world_sizes, options.precisions)]
+                      for case in cases_for(spec, r, options.world_sizes, options.precisions,
+                                            options.checks)]
     declared = frozenset((s.name, r) for s in chosen for r in runners
                          if RUNNERS[r] in strategy_accelerators(s))
     return Selection(cases, runners, not_here, explicit_runner=options.runner != "auto",

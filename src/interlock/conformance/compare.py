@@ -321,7 +321,10 @@ def _records(path: Path, items: Sequence[Any], schema: int) -> dict[RecordKey, R
         if values["status"] not in STATUSES:
             raise _error(path, f"{where}: status {values['status']!r} is not one of "
                                f"{', '.join(STATUSES)}")
-        record = Record(**values)
+        record = Record(strategy=values["strategy"], runner=values["runner"],
+                        world_size=values["world_size"], precision=values["precision"],
+                        check=values["check"], status=values["status"],
+                        message=values["message"])
         key = _key(record)
         if key in out:
             raise _error(path, f"{where} repeats record {first[key]} ({record_label(key)})")

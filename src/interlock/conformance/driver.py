@@ -22,6 +22,7 @@ import importlib
 import json
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -46,8 +47,50 @@ from interlock.strategies.launchers import history as launch_history
 MAIN_TIMEOUT_S = 120.0
 
 
-def _record(precision: str, check: str, status: str, message: str = "") -> dict[str, str]:
-    return {"precision": precision, "check": check, "status": status, "message": message}
+def _selected(args: argparse.Namespace) -> tuple[Check, ...]:
+    """The table's checks this launch runs: all, or those ``--checks`` names."""
+    only = None if getattr(args, "checks", None) is None else set(args.checks.split(","))
+    return tuple(c for c in CHECKS if only is None or c.id in only)
+
+
+#: the driver's start (``time.time()``), which the ranks of the main launch measure their
+#: setup from; a rank that re-runs the driver keeps the first driver's
+STARTED_ENV = "INTERLOCK_CONFORMANCE_STARTED"
+
+#: the file in a launch's work directory that names the check running now, for the
+#: suite's progress lines
+PROGRESS_FILE = "progress"
+
+
+def _progress(workdir: str | Path, check_id: str) -> None:
+    """Say which check starts now (the time and the check's id, one line, replaced).
+    Only for the progress lines: a write that fails is let go. Under the script
+    launcher every rank re-runs the driver, so each writes through a file of its own."""
+    path = Path(workdir, PROGRESS_FILE)
+    temp = path.with_name(f"{PROGRESS_FILE}.{os.getpid()}.tmp")
+    try:
+        temp.write_text(f"{time.time():.3f} {check_id}\n")
+        temp.replace(path)
+    except OSError:
+        temp.unlink(missing_ok=True)
+
+
+def current_check(workdir: str | Path) -> tuple[str, float] | None:
+    """The check a launch runs now and when it started (``time.time()``), or None."""
+    try:
+        stamp, check_id = Path(workdir, PROGRESS_FILE).read_text().split()
+        return check_id, float(stamp)
+    except (OSError, ValueError):
+        return None
+
+
+def _record(precision: str, check: str, status: str, message: str = "",
+            seconds: float | None = None) -> dict[str, Any]:
+    record: dict[str, Any] = {"precision": precision, "check": check, "status": status,
+                              "message": message}
+    if seconds is not None:
+        record["seconds"] = round(seconds, 3)
+    return record
 
 
 def _resolve(args: argparse.Namespace, precision: str, devices: int,
@@ -97,6 +140,8 @@ def run_rank_checks(strategy: Any, args: argparse.Namespace, precisions: list[st
     # must not change what the next one computes, so that no verdict depends on which
     # other precisions and checks ran
     fresh: dict[str, Any] = {}
+    selected = _selected(args)
+    _note_setup(workdir, rank)
 
     def run(check: Check, runs: InRanks, precision: str) -> None:
         if fresh.get("state"):
@@ -109,8 +154,15 @@ def run_rank_checks(strategy: Any, args: argparse.Namespace, precisions: list[st
         why = skip_reason(check, capabilities=spec.capabilities,
                           precision=precision if check.per_precision else None,
                           world_size=args.world_size, parallel_dims=spec.parallel_dims)
-        _mark(out, _run_one(runs.run, ctx, label, check.id) if why is None
-              else _record(label, check.id, "skipped", why))
+        if why is not None:
+            _mark(out, _record(label, check.id, "skipped", why))
+            return
+        if rank == 0:
+            _progress(workdir, check.id)
+        began = time.monotonic()
+        record = _run_one(runs.run, ctx, label, check.id)
+        record["seconds"] = round(time.monotonic() - began, 3)
+        _mark(out, record)
 
     for index, precision in enumerate(precisions):
         if index:
@@ -118,7 +170,7 @@ def run_rank_checks(strategy: Any, args: argparse.Namespace, precisions: list[st
             _prepare(strategy)
         fresh["state"] = reference.with_parity_scale(
             copy.deepcopy(strategy.precision.state_dict()))
-        for check in CHECKS:
+        for check in selected:
             runs = check.runs
             if not isinstance(runs, InRanks) or runs.when == "last" or (
                     runs.when == "once" and index):
@@ -129,14 +181,33 @@ def run_rank_checks(strategy: Any, args: argparse.Namespace, precisions: list[st
             strategy.barrier()
     # teardown releases the process group: it comes last, and no barrier follows it;
     # each result is in this rank's file before the next check starts
-    for check in CHECKS:
+    for check in selected:
         if isinstance(check.runs, InRanks) and check.runs.when == "last":
             run(check, check.runs, precisions[-1])
     return int(rank)
 
 
+def _note_setup(workdir: str, rank: int) -> None:
+    """Write how long this rank took from the driver's start to its first check."""
+    started = os.environ.get(STARTED_ENV)
+    if started is None:
+        return
+    Path(workdir, f"setup-{rank}.txt").write_text(f"{time.time() - float(started):.3f}\n")
+
+
+def setup_seconds(workdir: Path, world_size: int) -> float | None:
+    """The slowest rank's setup in the main launch, or None when a rank wrote none."""
+    times = []
+    for rank in range(world_size):
+        try:
+            times.append(float(Path(workdir, f"setup-{rank}.txt").read_text()))
+        except (OSError, ValueError):
+            return None
+    return max(times) if times else None
+
+
 def _run_one(fn: Callable[[RankContext], None], ctx: RankContext, label: str,
-             check_id: str) -> dict[str, str]:
+             check_id: str) -> dict[str, Any]:
     try:
         fn(ctx)
     except CheckSkipped as skip:
@@ -153,15 +224,15 @@ def _run_one(fn: Callable[[RankContext], None], ctx: RankContext, label: str,
     return _record(label, check_id, "passed")
 
 
-def _mark(path: Path, record: dict[str, str]) -> None:
+def _mark(path: Path, record: dict[str, Any]) -> None:
     with path.open("a") as file:
         file.write(json.dumps(record) + "\n")
         file.flush()
 
 
-def _collect(workdir: Path, world_size: int, crash: str | None) -> list[dict[str, str]]:
+def _collect(workdir: Path, world_size: int, crash: str | None) -> list[dict[str, Any]]:
     """Merge the ranks' files: a check fails if it failed on any rank."""
-    merged: dict[tuple[str, str], dict[str, str]] = {}
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
     running: set[tuple[str, str]] = set()
     for rank in range(world_size):
         path = workdir / f"rank-{rank}.jsonl"
@@ -177,6 +248,10 @@ def _collect(workdir: Path, world_size: int, crash: str | None) -> list[dict[str
             if previous is None or (previous["status"] != "failed"
                                     and record["status"] == "failed"):
                 merged[key] = record
+            # a check takes as long as its slowest rank
+            slowest = max(r.get("seconds", 0.0) for r in (record, previous or record))
+            if "seconds" in record or (previous and "seconds" in previous):
+                merged[key]["seconds"] = slowest
         for key in running:
             merged[key] = _record(*key, "failed", f"rank {rank} crashed during this check: "
                                   f"{crash or 'it did not finish'}")
@@ -184,11 +259,11 @@ def _collect(workdir: Path, world_size: int, crash: str | None) -> list[dict[str
     return list(merged.values())
 
 
-def _not_run(records: list[dict[str, str]], precisions: list[str],
-             reason: str) -> list[dict[str, str]]:
+def _not_run(records: list[dict[str, Any]], precisions: list[str], reason: str,
+             selected: tuple[Check, ...] | None = None) -> list[dict[str, Any]]:
     done = {(r["precision"], r["check"]) for r in records}
     missing = []
-    for check in CHECKS:
+    for check in CHECKS if selected is None else selected:
         if not isinstance(check.runs, InRanks):
             continue
         labels = precisions if check.per_precision else [ANY_PRECISION]
@@ -197,10 +272,11 @@ def _not_run(records: list[dict[str, str]], precisions: list[str],
     return missing
 
 
-def _then_in_driver(records: list[dict[str, str]], ctx: LaunchContext) -> None:
+def _then_in_driver(records: list[dict[str, Any]], ctx: LaunchContext,
+                    selected: tuple[Check, ...] | None = None) -> None:
     """Run the launching process's half of the rank checks that have one; a problem
     it finds fails every record of its check."""
-    for check in CHECKS:
+    for check in CHECKS if selected is None else selected:
         if not (isinstance(check.runs, InRanks) and check.runs.then_in_driver):
             continue
         try:
@@ -217,11 +293,12 @@ def _then_in_driver(records: list[dict[str, str]], ctx: LaunchContext) -> None:
                 record["message"] = "; ".join(filter(None, [record["message"], problem]))
 
 
-def run_driver_checks(ctx: LaunchContext) -> list[dict[str, str]]:
-    """The table's launch checks, in table order, each skipped with the reason where
-    the strategy or the world size does not admit it."""
+def run_driver_checks(ctx: LaunchContext,
+                      selected: tuple[Check, ...] | None = None) -> list[dict[str, Any]]:
+    """The table's launch checks (of ``selected``), in table order, each skipped with
+    the reason where the strategy or the world size does not admit it."""
     records = []
-    for check in CHECKS:
+    for check in CHECKS if selected is None else selected:
         if not isinstance(check.runs, InDriver):
             continue
         why = skip_reason(check, capabilities=ctx.spec.capabilities, precision=None,
@@ -229,22 +306,26 @@ def run_driver_checks(ctx: LaunchContext) -> list[dict[str, str]]:
         if why is not None:
             records.append(_record(ANY_PRECISION, check.id, "skipped", why))
             continue
+        _progress(ctx.workdir, check.id)
+        began = time.monotonic()
         try:
             check.runs.run(ctx)
         except CheckSkipped as skip:
-            records.append(_record(ANY_PRECISION, check.id, "skipped", str(skip)))
+            record = _record(ANY_PRECISION, check.id, "skipped", str(skip))
         except CheckFailed as failure:
-            records.append(_record(ANY_PRECISION, check.id, "failed", str(failure)))
+            record = _record(ANY_PRECISION, check.id, "failed", str(failure))
         except Exception as error:
-            records.append(_record(ANY_PRECISION, check.id, "failed",
-                                   f"the check raised {type(error).__name__}: {error}\n"
-                                   f"{traceback.format_exc(limit=6)}"))
+            record = _record(ANY_PRECISION, check.id, "failed",
+                             f"the check raised {type(error).__name__}: {error}\n"
+                             f"{traceback.format_exc(limit=6)}")
         else:
-            records.append(_record(ANY_PRECISION, check.id, "passed"))
+            record = _record(ANY_PRECISION, check.id, "passed")
+        record["seconds"] = round(time.monotonic() - began, 3)
+        records.append(record)
     return records
 
 
-def drive(args: argparse.Namespace) -> list[dict[str, str]]:
+def drive(args: argparse.Namespace) -> list[dict[str, Any]]:
     from interlock.connector.registry import strategy_specs
 
     precisions = args.precisions.split(",")
@@ -252,22 +333,25 @@ def drive(args: argparse.Namespace) -> list[dict[str, str]]:
     workdir.mkdir(parents=True, exist_ok=True)
     spec = strategy_specs()[args.strategy]
     os.environ.setdefault(DRIVER_ENV, str(os.getpid()))
+    os.environ.setdefault(STARTED_ENV, f"{time.time():.3f}")
     environ_before = dict(os.environ)
     strategy = _resolve(args, precisions[0], args.world_size)
     if hasattr(strategy, "timeout"):
         strategy.timeout = datetime.timedelta(seconds=MAIN_TIMEOUT_S)
 
-    records: list[dict[str, str]] = []
+    records: list[dict[str, Any]] = []
     crash: str | None = None
     # a module handed to the ranks through launch() (launch_arguments): it must reach
     # every rank as a private copy and come back untouched
     passed = reference.model()
     passed_before = {k: v.clone() for k, v in passed.state_dict().items()}
     returned: Any = None
+    began = time.monotonic()
     try:
         returned = strategy.launch(run_rank_checks, args, precisions, str(workdir), passed)
     except Exception as error:
         crash = f"{type(error).__name__}: {error}"[:4000]
+    args.launch_seconds = round(time.monotonic() - began, 3)
     records += _collect(workdir, args.world_size, crash)
     ctx = LaunchContext(
         strategy=strategy, spec=spec, world_size=args.world_size, workdir=workdir,
@@ -275,12 +359,13 @@ def drive(args: argparse.Namespace) -> list[dict[str, str]]:
         resolve_layout=lambda precision, devices, layout: _resolve(args, precision, devices,
                                                                    layout),
         returned=returned, crash=crash, environ_before=environ_before, passed=passed,
-        passed_before=passed_before)
-    _then_in_driver(records, ctx)
+        passed_before=passed_before, setup_seconds=setup_seconds(workdir, args.world_size))
+    selected = _selected(args)
+    _then_in_driver(records, ctx, selected)
     records += _not_run(records, precisions,
                         f"a rank crashed before reaching it: {crash}" if crash
-                        else "the launch ended before reaching it")
-    records += run_driver_checks(ctx)
+                        else "the launch ended before reaching it", selected)
+    records += run_driver_checks(ctx, selected)
     return records
 
 
@@ -293,6 +378,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workdir", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--import", dest="imports", action="append", default=[])
+    p.add_argument("--checks", default=None, help="comma-separated check ids (default: all)")
     return p.parse_args(argv)
 
 
@@ -309,7 +395,11 @@ def main(argv: list[str] | None = None) -> int:
               "its end; only the driver writes the records", file=sys.stderr)
         return 1
     temp = Path(args.out + ".tmp")
-    temp.write_text(json.dumps(records, indent=1))
+    # the main launch's own time (process start to the ranks' end), apart from the
+    # checks that launch again from here
+    temp.write_text(json.dumps({"records": records,
+                                "launch_seconds": getattr(args, "launch_seconds", None)},
+                               indent=1))
     temp.replace(args.out)
     return 0
 

@@ -39,9 +39,13 @@ if TYPE_CHECKING:
 
 #: how long failure propagation may take before the check fails
 FAILURE_BOUND_S = 60.0
-#: the process-group timeout the collective_timeout check sets: long enough for the
-#: ranks of a re-run script to start and meet, short enough to wait for
+#: the longest process-group timeout the collective_timeout and survives_hang checks
+#: set: long enough for the ranks of a re-run script to start and meet
 TIMEOUT_S = 10.0
+#: the shortest such timeout, whatever the main launch measured
+MIN_TIMEOUT_S = 4.0
+#: the timeout is this many times the slowest rank's setup in the main launch
+SETUP_MARGIN = 3.0
 #: where each survives_* check injects its fault: kill, raise and hang between two
 #: checkpoints (the restart resumes from step 4), kill_during_save in the save of step
 #: 4 (the restart resumes from step 2, the checkpoint before it)
@@ -77,6 +81,18 @@ class LaunchContext:
     environ_before: dict[str, str]
     passed: torch.nn.Module
     passed_before: dict[str, torch.Tensor]
+    setup_seconds: float | None = None
+
+
+def suite_timeout(ctx: LaunchContext) -> float:
+    """The process-group timeout of the checks that wait one out: long enough for the
+    ranks to start and meet (``SETUP_MARGIN`` times what the slowest rank of the main
+    launch took from the driver's start to its first check), no shorter than
+    ``MIN_TIMEOUT_S`` and no longer than ``TIMEOUT_S``. Forked ranks start in a
+    fraction of a second; ranks that import torch afresh take seconds."""
+    if ctx.setup_seconds is None:
+        return TIMEOUT_S
+    return min(TIMEOUT_S, max(MIN_TIMEOUT_S, SETUP_MARGIN * ctx.setup_seconds))
 
 
 # ------------------------------------------------------------------ the checks
@@ -172,7 +188,8 @@ def check_collective_timeout(ctx: LaunchContext) -> None:
     strategy = ctx.strategy
     if not hasattr(strategy, "timeout"):
         raise CheckFailed("the strategy declares 'timeout' but has no timeout attribute")
-    strategy.timeout = datetime.timedelta(seconds=TIMEOUT_S)
+    timeout = suite_timeout(ctx)
+    strategy.timeout = datetime.timedelta(seconds=timeout)
     pid_dir = ctx.workdir / "pids-timeout"
     pid_dir.mkdir(exist_ok=True)
     started = time.monotonic()
@@ -180,7 +197,7 @@ def check_collective_timeout(ctx: LaunchContext) -> None:
         strategy.launch(_never_arrives, str(pid_dir), ctx.world_size)
     except Exception as error:
         elapsed = time.monotonic() - started
-        bound = TIMEOUT_S + FAILURE_BOUND_S
+        bound = timeout + FAILURE_BOUND_S
         survivors = _wait_gone(pid_dir, 10)
         problems = []
         arrived = len(list(pid_dir.glob("*.pid")))
@@ -296,7 +313,7 @@ def _survives(ctx: LaunchContext, kind: str) -> None:
         raise CheckSkipped("a hung rank becomes an error only through the process "
                            "group's timeout: the strategy does not declare 'timeout'")
     want = _fault_reference(ctx)
-    strategy = _fault_strategy(ctx, TIMEOUT_S if kind == "hang" else FAILURE_BOUND_S)
+    strategy = _fault_strategy(ctx, suite_timeout(ctx) if kind == "hang" else FAILURE_BOUND_S)
     fault = faults.Fault(kind=kind, rank=_fault_rank(strategy, kind, ctx.world_size),
                          step=FAULT_STEPS[kind])
     directory = ctx.workdir / "faults" / kind

@@ -22,7 +22,7 @@ from interlock.conformance.runners import RUNNERS
 RUNNER_CHOICES: tuple[str, ...] = ("auto", *RUNNERS)
 #: the largest world size the suite launches: every rank is a process on one machine
 MAX_WORLD_SIZE = 64
-#: pytest-xdist workers at most (each runs one driver launch at a time)
+#: concurrent driver launches at most
 MAX_WORKERS = 64
 
 
@@ -47,6 +47,9 @@ class SuiteOptions:
             required packages are missing, is recorded as skipped instead of failing
             the run.
         keep_workdir: keep the temporary directory with the drivers' logs.
+        workers: how many driver launches run at once (0 and 1: one at a time).
+        checks: the check ids to run, or None for every check. A run of a subset is
+            partial: its report says so and verifies no cell.
     """
 
     strategies: tuple[str, ...]
@@ -59,6 +62,13 @@ class SuiteOptions:
     report: Path | None = None
     allow_missing: bool = False
     keep_workdir: bool = False
+    workers: int = 0
+    checks: tuple[str, ...] | None = None
+
+    @property
+    def partial(self) -> bool:
+        """Whether the run leaves checks out (``checks`` given)."""
+        return self.checks is not None
 
 
 def validate(
@@ -73,6 +83,8 @@ def validate(
     report: str | None = None,
     allow_missing: bool = False,
     keep_workdir: bool = False,
+    workers: int = 0,
+    checks: str | None = None,
 ) -> SuiteOptions:
     """Check every option; import the ``imports`` (they may register strategies that
     the strategy names refer to).
@@ -83,6 +95,8 @@ def validate(
     if runner not in RUNNER_CHOICES:
         raise OptionError(f"--runner {runner!r}: choose one of {', '.join(RUNNER_CHOICES)}")
     sizes = _world_sizes(world_sizes)
+    check_workers(workers)
+    chosen_checks = _checks(checks)
     chosen_precisions = _precisions(precisions)
     for module in imports:
         _import(module)
@@ -91,12 +105,13 @@ def validate(
         strategies=names, runner=runner, world_sizes=sizes, precisions=chosen_precisions,
         imports=tuple(imports), skips=_read_ids("--skips-file", skips_file),
         xfails=_read_ids("--xfails-file", xfails_file), report=_report(report),
-        allow_missing=allow_missing, keep_workdir=keep_workdir,
+        allow_missing=allow_missing, keep_workdir=keep_workdir, workers=workers,
+        checks=chosen_checks,
     )
 
 
 def check_workers(workers: int) -> int:
-    """The number of pytest-xdist workers (0: none)."""
+    """The number of driver launches run at once (0: one at a time)."""
     if not 0 <= workers <= MAX_WORKERS:
         raise OptionError(f"--workers {workers}: expected 0 (run in this process) to "
                           f"{MAX_WORKERS}")
@@ -117,6 +132,23 @@ def _world_sizes(text: str) -> tuple[int, ...]:
         if size not in sizes:
             sizes.append(size)
     return tuple(sizes)
+
+
+def _checks(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    from interlock.conformance.table import CHECK_IDS
+
+    chosen: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if part not in CHECK_IDS:
+            close = difflib.get_close_matches(part, CHECK_IDS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise OptionError(f"--checks: unknown check {part!r}{hint}; the suite's "
+                              f"checks are {', '.join(CHECK_IDS)}")
+        if part not in chosen:
+            chosen.append(part)
+    return tuple(chosen)
 
 
 def _precisions(text: str | None) -> tuple[str, ...] | None:

@@ -13,6 +13,7 @@ JSON report at the end.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -20,7 +21,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +41,12 @@ from interlock.conformance.report import (
     verdicts,
     write_report,
 )
+from interlock.output_files import write_text
 
 #: how long one driver launch may take before its cases fail
 DRIVER_TIMEOUT_S = 900
+#: the key of xdist's worker input that carries the controller's work directory
+SHARED_WORKDIR = "interlock_workdir"
 
 
 def activate(config: pytest.Config) -> None:
@@ -45,9 +54,48 @@ def activate(config: pytest.Config) -> None:
     config.stash[STATE] = SuiteState(config)
 
 
+#: seconds between the lines that say which check a long launch is running
+HEARTBEAT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """One driver launch's outcome: its records by (precision, check) and its times.
+
+    Attributes:
+        seconds: the driver's wall time, interpreter start to exit.
+        launch_seconds: the main launch's (the rank checks), as the driver measured
+            it; None when it wrote nothing.
+    """
+
+    records: dict[tuple[str, str], dict[str, Any]]
+    seconds: float
+    launch_seconds: float | None = None
+
+
+def launch_cost(case: Case, precisions: int, capabilities: frozenset[str],
+                dims: int) -> float:
+    """A rough weight of a launch, to start the slowest first (a guess from what it
+    runs: ranks, precisions, the fault and mesh checks); only the order uses it."""
+    size = case.world_size or 1
+    cost = 2.0 * size + precisions
+    if size >= 2:
+        cost += 12.0 if "elastic" in capabilities else 0.0
+        cost += 4.0 if "timeout" in capabilities else 0.0
+        cost += 5.0 * dims if size == 2 else 0.0
+    return cost
+
+
 class SuiteState:
     """What one test session of the suite knows: its options, the cases, driver results
-    and records."""
+    and records.
+
+    Driver launches run in threads of this process, at most ``--interlock-workers`` at
+    once, the costliest first (see :func:`launch_cost`); a test item waits for its
+    launch. Under pytest-xdist (``pytest -n``), every worker shares the controller's
+    work directory and the first worker to need a launch runs it, the others read its
+    records: no launch ever runs twice.
+    """
 
     def __init__(self, config: pytest.Config) -> None:
         from interlock.conformance.cases import select
@@ -66,32 +114,167 @@ class SuiteState:
                 report=config.getoption("--interlock-report"),
                 allow_missing=config.getoption("--interlock-allow-missing-runner"),
                 keep_workdir=config.getoption("--interlock-keep-workdir"),
+                workers=config.getoption("--interlock-workers"),
+                checks=config.getoption("--interlock-checks"),
             )
         except OptionError as error:
             raise pytest.UsageError(str(error)) from None
         self.selection = select(self.options)
-        self.results: dict[str, dict[tuple[str, str], dict[str, str]]] = {}
+        self.launches: dict[str, Launch] = {}
         self.records: list[Record] = []
         self.verdicts: list[Verdict] = []
-        self.workdir = Path(tempfile.mkdtemp(prefix="interlock-conformance-"))
+        shared = getattr(config, "workerinput", {}).get(SHARED_WORKDIR)
+        self.shared = shared is not None
+        self.workdir = (Path(shared) if shared is not None
+                        else Path(tempfile.mkdtemp(prefix="interlock-conformance-")))
+        self._lock = threading.Lock()
+        self._futures: dict[str, Future[Launch]] = {}
+        self._running: dict[str, float] = {}  # group -> monotonic start
+        self._announced: set[str] = set()
+        self._processes: set[subprocess.Popen[bytes]] = set()
+        self._pool: ThreadPoolExecutor | None = None
+        self._stopping = False
 
     @property
     def imports(self) -> tuple[str, ...]:
         return self.options.imports
 
-    def result(self, case: Case) -> dict[str, str]:
-        """The driver's record for ``case``, launching its group's driver if needed."""
-        if case.group not in self.results:
-            self.results[case.group] = self._drive(case)
-        found = self.results[case.group].get((case.precision, case.check))
+    # -------------------------------------------------------------- scheduling
+
+    def schedule(self, cases: list[Case]) -> None:
+        """Start the launches that ``cases`` (the items collected and not skipped)
+        need, costliest first, in a pool of ``--interlock-workers`` threads."""
+        if self.shared or self._pool is not None:
+            return  # an xdist worker runs a launch when an item asks for it
+        from interlock.conformance.cases import precisions_for, resolve_strategies
+        from interlock.conformance.table import CHECKS_BY_ID, InPytest
+
+        first: dict[str, Case] = {}
+        for case in cases:
+            if case.skip is None and not isinstance(CHECKS_BY_ID[case.check].runs, InPytest):
+                first.setdefault(case.group, case)
+        if not first:
+            return
+
+        def cost(case: Case) -> float:
+            spec = resolve_strategies([case.strategy])[0]
+            count = len(precisions_for(spec, case.runner, self.options.precisions))
+            return launch_cost(case, count, spec.capabilities, len(spec.parallel_dims))
+
+        ordered = sorted(first.values(), key=cost, reverse=True)
+        self._pool = ThreadPoolExecutor(max_workers=max(1, self.options.workers),
+                                        thread_name_prefix="interlock-launch")
+        for case in ordered:
+            self._futures[case.group] = self._pool.submit(self._timed, case)
+
+    def result(self, case: Case) -> dict[str, Any]:
+        """The driver's record for ``case``, waiting for (or running) its launch."""
+        launch = self.launches.get(case.group)
+        if launch is None:
+            future = self._futures.get(case.group)
+            if future is None:  # not scheduled (an xdist worker): run it here
+                launch = self._claimed_or_run(case)
+            else:
+                launch = self._wait(future)
+            self.launches[case.group] = launch
+        found = launch.records.get((case.precision, case.check))
         if found is None:
             return {"status": "failed", "message": "the driver reported nothing for this check"}
         return found
 
-    def _drive(self, case: Case) -> dict[tuple[str, str], dict[str, str]]:
+    def _wait(self, future: Future[Launch]) -> Launch:
+        """Wait for one launch, saying meanwhile which launches finished and which
+        check a long one runs."""
+        while True:
+            try:
+                launch = future.result(timeout=HEARTBEAT_S)
+            except FutureTimeout:
+                self._announce(heartbeat=True)
+                continue
+            self._announce(heartbeat=False)
+            return launch
+
+    def _timed(self, case: Case) -> Launch:
+        with self._lock:
+            self._running[case.group] = time.monotonic()
+        try:
+            return self._drive(case)
+        finally:
+            with self._lock:
+                self._running.pop(case.group, None)
+
+    def _claimed_or_run(self, case: Case) -> Launch:
+        """Under xdist: run the launch if no other worker claimed it, else wait for
+        the records of the worker that did."""
+        workdir = self.workdir / case.group
+        workdir.mkdir(parents=True, exist_ok=True)
+        if not self.shared:
+            return self._timed(case)
+        try:
+            os.close(os.open(workdir / "claimed", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            done = workdir / "launch.json"
+            deadline = time.monotonic() + DRIVER_TIMEOUT_S + 60
+            while not done.exists():
+                if time.monotonic() > deadline:
+                    return Launch(_all_failed(f"the worker that ran {case.group} wrote "
+                                              "nothing"), 0.0)
+                time.sleep(0.2)
+            saved = json.loads(done.read_text())
+            return Launch(_AllFailed(saved["failed"]) if saved.get("failed") else
+                          {(r["precision"], r["check"]): r for r in saved["records"]},
+                          saved["seconds"], saved.get("launch_seconds"))
+        launch = self._timed(case)
+        failed = launch.records.message if isinstance(launch.records, _AllFailed) else None
+        saved_records = [] if failed else list(launch.records.values())
+        write_text(workdir / "launch.json", json.dumps({
+            "records": saved_records, "failed": failed, "seconds": launch.seconds,
+            "launch_seconds": launch.launch_seconds}))
+        return launch
+
+    # ---------------------------------------------------------------- progress
+
+    def _announce(self, heartbeat: bool) -> None:
+        """One line per launch finished since the last call; with ``heartbeat``, one
+        per launch still running: how long, and the check it is in."""
+        lines = []
+        for group, future in self._futures.items():
+            if group in self._announced or not future.done() or future.cancelled():
+                continue
+            self._announced.add(group)
+            error = future.exception()
+            if error is None:
+                lines.append(f"{group}: {_finished(future.result())}")
+        if heartbeat:
+            from interlock.conformance.driver import current_check
+
+            with self._lock:
+                running = dict(self._running)
+            for group, began in sorted(running.items()):
+                now = current_check(self.workdir / group / "work")
+                what = "" if now is None else (
+                    f", in {now[0]} for {max(0.0, time.time() - now[1]):.0f} s")
+                lines.append(f"{group}: running for {time.monotonic() - began:.0f} s{what}")
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        capture = self.config.pluginmanager.get_plugin("capturemanager")
+        if reporter is None or not lines:
+            return
+        # the item that waits runs under pytest's output capture: the lines go past it
+        with (capture.global_and_fixture_disabled() if capture is not None
+              else contextlib.nullcontext()):
+            writer = getattr(reporter, "_tw", None)
+            if getattr(writer, "width_of_current_line", 0):
+                reporter.write("\n")  # after pytest's progress dots
+            for line in lines:
+                reporter.write_line(f"interlock: {line}")
+
+    # --------------------------------------------------------------- one launch
+
+    def _drive(self, case: Case) -> Launch:
         from interlock.conformance.cases import precisions_for, resolve_strategies
         from interlock.conformance.runners import RUNNERS
 
+        began = time.monotonic()
         spec = resolve_strategies([case.strategy])[0]
         precisions = precisions_for(spec, case.runner, self.options.precisions)
         workdir = self.workdir / case.group
@@ -102,35 +285,73 @@ class SuiteState:
                    "--workdir", str(workdir / "work"), "--out", str(out)]
         for module in self.imports:
             command += ["--import", module]
+        if self.options.checks is not None:
+            command += ["--checks", ",".join(self.options.checks)]
         workdir.mkdir(parents=True, exist_ok=True)
         log = workdir / "driver.log"
         with log.open("w") as output:
-            process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT,
-                                       start_new_session=True,
-                                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            with self._lock:
+                if self._stopping:
+                    return Launch(_all_failed("the run was stopped"), 0.0)
+                process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT,
+                                           start_new_session=True,
+                                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                self._processes.add(process)
             try:
                 process.wait(timeout=DRIVER_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 pass
             finally:
                 _kill_group(process)
+                with self._lock:
+                    self._processes.discard(process)
+        seconds = time.monotonic() - began
         if not out.exists():
             tail = log.read_text(errors="replace")[-3000:]
             message = (f"the conformance driver for {case.group} exited with "
                        f"{process.returncode} without results; its output ends:\n{tail}")
-            return _all_failed(message)
-        records = json.loads(out.read_text())
-        return {(r["precision"], r["check"]): r for r in records}
+            return Launch(_all_failed(message), seconds)
+        written = json.loads(out.read_text())
+        return Launch({(r["precision"], r["check"]): r for r in written["records"]},
+                      seconds, written.get("launch_seconds"))
+
+    def stop(self) -> None:
+        """Stop every launch: none starts any more, the running ones are killed."""
+        with self._lock:
+            self._stopping = True
+            running = list(self._processes)
+        for process in running:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
     def cleanup(self) -> None:
-        """Remove the work directory (drivers' logs and checkpoints) unless asked to
-        keep it."""
-        if self.options.keep_workdir:
+        """Stop the launches; remove the work directory (drivers' logs and
+        checkpoints) unless asked to keep it, or it is the xdist controller's."""
+        self.stop()
+        if self.options.keep_workdir or self.shared:
             return
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-class _AllFailed(dict[tuple[str, str], dict[str, str]]):
+def _finished(launch: Launch) -> str:
+    """``41.0 s, 45 checks; slowest survives_hang 11.5 s, collective_timeout 10.2 s``"""
+    if isinstance(launch.records, _AllFailed):
+        return f"{launch.seconds:.1f} s, no records: {launch.records.message.splitlines()[0]}"
+    timed: dict[str, float] = {}
+    for record in launch.records.values():
+        timed[record["check"]] = timed.get(record["check"], 0.0) + record.get("seconds", 0.0)
+    failed = sum(r["status"] in ("failed", "not run") for r in launch.records.values())
+    slowest = sorted(timed.items(), key=lambda item: -item[1])[:3]
+    return (f"{launch.seconds:.1f} s, {len(launch.records)} records"
+            + (f", {failed} failed" if failed else "")
+            + "; slowest " + ", ".join(f"{c} {t:.1f} s" for c, t in slowest if t >= 0.05))
+
+
+class _AllFailed(dict[tuple[str, str], dict[str, Any]]):
     def __init__(self, message: str) -> None:
         super().__init__()
         self.message = message
@@ -139,7 +360,7 @@ class _AllFailed(dict[tuple[str, str], dict[str, str]]):
         return {"status": "failed", "message": self.message}
 
 
-def _all_failed(message: str) -> dict[tuple[str, str], dict[str, str]]:
+def _all_failed(message: str) -> dict[tuple[str, str], dict[str, Any]]:
     return _AllFailed(message)
 
 
@@ -149,6 +370,21 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     process.wait()
+
+
+def launch_times(launches: dict[str, Launch], selection: Any) -> list[dict[str, Any]]:
+    """The report's ``launches``: each driver launch's wall time and its main
+    launch's, by strategy, runner and world size."""
+    by_group = {case.group: case for case in selection.cases}
+    out = []
+    for group, launch in sorted(launches.items()):
+        case = by_group.get(group)
+        if case is None:
+            continue
+        out.append({"strategy": case.strategy, "runner": case.runner,
+                    "world_size": str(case.world_size), "seconds": round(launch.seconds, 3),
+                    "launch_seconds": launch.launch_seconds})
+    return out
 
 
 STATE = pytest.StashKey[SuiteState]()
@@ -184,6 +420,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xfail(reason="listed in the xfails file", strict=True))
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the launches the collected items need (not under xdist: its workers
+    start a launch when an item asks)."""
+    state = suite_state(session.config)
+    if state is None or session.config.pluginmanager.hasplugin("dsession"):
+        return
+    wanted = []
+    for item in session.items:
+        if not hasattr(item, "callspec") or "case" not in item.callspec.params:
+            continue
+        if item.get_closest_marker("skip") is None:
+            wanted.append(item.callspec.params["case"])
+    state.schedule(wanted)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist's controller: every worker shares its work directory, where the
+    first worker to need a launch claims it."""
+    state = suite_state(node.config)
+    if state is not None:
+        node.workerinput[SHARED_WORKDIR] = str(state.workdir)
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     props = dict(report.user_properties)
     if "interlock_case" not in props:
@@ -208,7 +468,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         message = str(report.longrepr[2]).removeprefix("Skipped: ")
     elif report.failed:
         message = clip_message(str(report.longrepr))
-    config_state.records.append(Record(**case, status=status, message=message))
+    seconds = props.get("interlock_seconds")
+    config_state.records.append(Record(**case, status=status, message=message,
+                                       seconds=seconds if isinstance(seconds, float) else None))
 
 
 #: the state the report hooks write to (set per session; hooks get no config)
@@ -252,6 +514,12 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
     for verdict in bad:
         terminalreporter.write_line(f"FAILED {verdict.strategy} on {verdict.runner}: "
                                     f"{verdict.verdict}: {verdict.reason}")
+    if state.launches:
+        slow = sorted(state.launches.items(), key=lambda item: -item[1].seconds)[:5]
+        terminalreporter.write_line("slowest launches: " + ", ".join(
+            f"{group} {launch.seconds:.1f} s" for group, launch in slow))
+    if state.options.partial:
+        terminalreporter.write_line("partial run (--checks): its report verifies no cell")
     if state.options.keep_workdir:
         terminalreporter.write_line(f"work directory kept: {state.workdir}")
     path = state.options.report
@@ -264,7 +532,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
         try:
             write_report(path, state.records, state.verdicts, state.selection.runners,
                          options=state.options,
-                         declared=declarations(state.selection, state.options))
+                         declared=declarations(state.selection, state.options),
+                         launches=launch_times(state.launches, state.selection))
         except OSError as error:
             terminalreporter.write_line(f"the report could not be written to {path}: "
                                         f"{error.strerror or error}")

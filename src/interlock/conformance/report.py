@@ -34,6 +34,7 @@ class Record:
     check: str
     status: str  # passed, failed, skipped, xfailed, not run
     message: str = ""
+    seconds: float | None = None  # how long the check ran (its slowest rank)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -181,10 +182,13 @@ def runner_hosts(runners: list[str]) -> dict[str, str]:
 
 def write_report(path: Path, records: list[Record], verdict_list: list[Verdict] | None = None,
                  runners: list[str] | None = None, *, options: SuiteOptions | None = None,
-                 declared: Sequence[Declaration] = ()) -> None:
+                 declared: Sequence[Declaration] = (),
+                 launches: Sequence[dict[str, Any]] = ()) -> None:
     """Write the JSON report atomically: its schema, versions, the suite's checks, what
-    the run was asked for (``options``; null when not given), machine, date, where each
-    runner ran, what each (strategy, runner) declares, the verdicts and every record."""
+    the run was asked for (``options``; null when not given), whether it was partial
+    (``--checks``: such a report verifies no cell), machine, date, where each runner
+    ran, what each (strategy, runner) declares, the verdicts, every record (with the
+    seconds its check took) and each launch's wall time."""
     import torch
 
     from interlock import __version__
@@ -194,6 +198,7 @@ def write_report(path: Path, records: list[Record], verdict_list: list[Verdict] 
         "runner": options.runner,
         "world_sizes": list(options.world_sizes),
         "precisions": None if options.precisions is None else list(options.precisions),
+        "checks": None if options.checks is None else list(options.checks),
     }
     report = {
         "schema": REPORT_SCHEMA,
@@ -201,6 +206,7 @@ def write_report(path: Path, records: list[Record], verdict_list: list[Verdict] 
         "torch": torch.__version__,
         "suite": {"version": __version__, "checks": [check.id for check in CHECKS]},
         "options": asked,
+        "partial": options is not None and options.partial,
         "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
         "machine": machine(),
         "runners": runner_hosts(runners or sorted({r.runner for r in records})),
@@ -216,6 +222,7 @@ def write_report(path: Path, records: list[Record], verdict_list: list[Verdict] 
         "records": [asdict(r) for r in sorted(
             records, key=lambda r: (r.strategy, r.runner, r.world_size, r.precision, r.check)
         )],
+        "launches": list(launches),
     }
     write_text(path, json.dumps(report, indent=1) + "\n")
 

@@ -312,8 +312,11 @@ CHECKS: tuple[Check, ...] = (
     Check(
         id="collective_timeout", capability="timeout", world_sizes=TWO_OR_MORE,
         runs=InDriver(run=launch_checks.check_collective_timeout),
-        guarantees="with the strategy's `timeout` set short, a rank that never reaches a "
-        "barrier turns into an error within that bound (all ranks got past setup first)",
+        guarantees="with the strategy's `timeout` set short "
+        f"({launch_checks.SETUP_MARGIN:.0f}x the main launch's slowest rank setup, "
+        f"{launch_checks.MIN_TIMEOUT_S:.0f} to {launch_checks.TIMEOUT_S:.0f} s), a rank "
+        "that never reaches a barrier turns into an error within that timeout plus "
+        f"{launch_checks.FAILURE_BOUND_S:.0f} s (all ranks got past setup first)",
         why="a hang is the worst failure mode"),
     Check(
         id="resharding", capability="resharding",
@@ -342,8 +345,10 @@ CHECKS: tuple[Check, ...] = (
              "a restart must not keep a half-synchronised step"),
             ("hang", launch_checks.check_survives_hang,
              "the last rank never reaches step 5's collectives; the others' "
-             f"{launch_checks.TIMEOUT_S:.0f} s process-group timeout (needs `timeout` "
-             "too) ends the attempt",
+             "process-group timeout (needs `timeout` too; "
+             f"{launch_checks.SETUP_MARGIN:.0f}x the main launch's slowest rank setup, "
+             f"{launch_checks.MIN_TIMEOUT_S:.0f} to {launch_checks.TIMEOUT_S:.0f} s) "
+             "ends the attempt",
              "a hang costs the whole allocation until someone notices"),
             ("kill_during_save", launch_checks.check_survives_kill_during_save,
              "a rank is killed by SIGKILL inside the save of step 4, after writing and "

@@ -37,6 +37,8 @@ def test_conformance(case: Case, request: pytest.FixtureRequest) -> None:
     state = suite_state(request.config)
     assert state is not None, "the interlock plugin is not active"
     record = state.result(case)
+    if isinstance(record.get("seconds"), float):
+        request.node.user_properties.append(("interlock_seconds", record["seconds"]))
     if record["status"] == "skipped":
         pytest.skip(record["message"])
     if record["status"] != "passed":

@@ -1,0 +1,142 @@
+"""How the suite spends its time: each launch runs once (with its own workers or under
+pytest-xdist), says how long it took, and a run of a subset of checks verifies nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from interlock.conformance import timings
+from interlock.conformance.cases import Case
+from interlock.conformance.launch_checks import (
+    MIN_TIMEOUT_S,
+    TIMEOUT_S,
+    LaunchContext,
+    suite_timeout,
+)
+from interlock.conformance.plugin import launch_cost
+from interlock.matrix.compat import read_report
+
+HERE = Path(__file__).resolve().parent
+#: two world sizes of a strategy that needs no other process: two launches, cheap
+CHEAP = ["--interlock-strategy", "single_device", "--interlock-world-sizes", "1",
+         "--interlock-precisions", "32-true,bf16-mixed", "--interlock-runner", "cpu"]
+
+
+def _suite(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], Path,
+                                                 list[str]]:
+    """Run the suite under pytest with ``extra``; return the run, its report and the
+    pids of the driver launches it made."""
+    report, launches = tmp_path / "report.json", tmp_path / "launches.txt"
+    env = {**os.environ, "INTERLOCK_TEST_LAUNCHES": str(launches),
+           "PYTHONPATH": os.pathsep.join([str(HERE), *filter(None, [
+               os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--pyargs", "interlock.conformance", "-q",
+         "-p", "no:cacheprovider", "-o", "addopts=", *CHEAP, "--interlock-import",
+         "count_launches", "--interlock-report", str(report), *extra],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False)
+    pids = launches.read_text().split() if launches.exists() else []
+    return done, report, pids
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("workers", [["--interlock-workers", "2"], ["-n", "2"]],
+                         ids=["own-workers", "xdist"])
+def test_every_launch_runs_once_however_the_items_are_spread(
+        tmp_path: Path, workers: list[str]) -> None:
+    """pytest-xdist spreads one launch's items over its workers (its grouping is not
+    honoured by every pytest): the first worker to need a launch runs it, the others
+    read its records."""
+    done, report, pids = _suite(tmp_path, *workers)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert len(pids) == 1, f"one launch (world size 1) ran {len(pids)} times: {output}"
+    written = json.loads(report.read_text())
+    passed = [r for r in written["records"] if r["status"] == "passed"]
+    assert len(passed) > 10, written["records"]
+
+
+@pytest.mark.timeout(300)
+def test_the_report_times_every_check_and_launch_and_the_run_says_so(
+        tmp_path: Path) -> None:
+    done, report, _ = _suite(tmp_path)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    written = json.loads(report.read_text())
+    ran = [r for r in written["records"] if r["status"] == "passed" and r["world_size"] != "*"]
+    assert ran and all(isinstance(r["seconds"], float) and r["seconds"] >= 0 for r in ran)
+    [launch] = written["launches"]
+    assert launch["strategy"] == "single_device" and launch["world_size"] == "1"
+    assert 0 < launch["launch_seconds"] <= launch["seconds"]
+    # the launch's line as it finishes, and the slowest launches at the end
+    assert "interlock: single_device-cpu-w1: " in output, output
+    assert "slowest launches: single_device-cpu-w1 " in output, output
+    assert written["partial"] is False
+    text = timings.render(written)
+    assert "| single_device | 1 | " in text and "| training_parity | 2 | " in text, text
+
+
+@pytest.mark.timeout(300)
+def test_a_run_of_some_checks_is_partial_and_verifies_nothing(tmp_path: Path) -> None:
+    done, report, _ = _suite(tmp_path, "--interlock-checks", "training_parity,collectives")
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "partial run (--checks): its report verifies no cell" in output
+    written = json.loads(report.read_text())
+    assert {r["check"] for r in written["records"]} == {"training_parity", "collectives"}
+    assert all(r["status"] == "passed" for r in written["records"]), written["records"]
+    assert written["partial"] is True
+    assert written["options"]["checks"] == ["training_parity", "collectives"]
+    assert read_report(report).verified == {}
+    # the same records in a report that does not say partial verify both precisions
+    whole = tmp_path / "whole.json"
+    whole.write_text(json.dumps({**written, "partial": False}))
+    assert len(read_report(whole).verified) == 2
+
+
+def test_an_unknown_check_is_a_one_line_usage_error(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from interlock.cli import main
+
+    assert main(["conformance", "--strategy", "ddp", "--checks", "training_parityy"]) == 2
+    _, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "unknown check 'training_parityy'" in err, err
+    assert "did you mean 'training_parity'?" in err
+
+
+def _context(setup: float | None) -> LaunchContext:
+    return LaunchContext(strategy=None, spec=None, world_size=2,  # type: ignore[arg-type]
+                         workdir=Path("."), resolve=lambda p, d: None,
+                         resolve_layout=lambda p, d, layout: None, environ_before={},
+                         passed=None, passed_before={},  # type: ignore[arg-type]
+                         setup_seconds=setup)
+
+
+def test_the_timeout_checks_wait_a_timeout_sized_to_how_fast_ranks_start() -> None:
+    assert suite_timeout(_context(None)) == TIMEOUT_S  # nothing measured: the longest
+    assert suite_timeout(_context(0.3)) == MIN_TIMEOUT_S  # forked ranks
+    assert suite_timeout(_context(2.0)) == 6.0
+    assert suite_timeout(_context(30.0)) == TIMEOUT_S  # never longer
+
+
+def test_the_costliest_launches_start_first() -> None:
+    def case(size: int) -> Case:
+        return Case("s", "cpu", size, "*", "lifecycle")
+
+    elastic = frozenset({"elastic", "timeout"})
+    faults_at_two = launch_cost(case(2), 1, elastic, 0)
+    assert faults_at_two > launch_cost(case(2), 1, frozenset(), 0)
+    assert faults_at_two > launch_cost(case(1), 7, elastic, 0)
+    assert launch_cost(case(2), 1, frozenset(), 2) > launch_cost(case(2), 1, frozenset(), 0)
+
+
+def test_a_report_without_times_says_so() -> None:
+    legacy: dict[str, Any] = json.loads((HERE / "legacy-report.json").read_text())
+    assert timings.render(legacy) == "this report has no timings (it predates them)\n"
