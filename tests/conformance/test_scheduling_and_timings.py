@@ -127,14 +127,27 @@ def test_the_timeout_checks_wait_a_timeout_sized_to_how_fast_ranks_start() -> No
 
 
 def test_the_costliest_launches_start_first() -> None:
-    def case(size: int) -> Case:
-        return Case("s", "cpu", size, "*", "lifecycle")
+    def case(size: int, check: str = "lifecycle") -> Case:
+        return Case("s", "cpu", size, "*", check)
 
-    elastic = frozenset({"elastic", "timeout"})
-    faults_at_two = launch_cost(case(2), 1, elastic, 0)
-    assert faults_at_two > launch_cost(case(2), 1, frozenset(), 0)
-    assert faults_at_two > launch_cost(case(1), 7, elastic, 0)
-    assert launch_cost(case(2), 1, frozenset(), 2) > launch_cost(case(2), 1, frozenset(), 0)
+    none: frozenset[str] = frozenset()
+    restarts = launch_cost(case(2, "survives_kill"), 1, none, 0)
+    assert case(2, "survives_kill").group == "s-cpu-w2-restarts"
+    assert restarts > launch_cost(case(2), 7, frozenset({"timeout"}), 1)
+    assert launch_cost(case(2), 1, none, 0) > launch_cost(case(1), 1, none, 0)
+    assert launch_cost(case(2), 1, none, 2) > launch_cost(case(2), 1, none, 0)
+
+
+def test_the_restart_checks_run_beside_the_main_launch_and_only_they() -> None:
+    """They resolve their own strategies; every other launch check reads the main
+    launch (its strategy, its result, the environment around it) and stays in it."""
+    from interlock.conformance.table import CHECKS
+
+    beside = {c.id for c in CHECKS if c.own_launch}
+    assert beside == {"survives_kill", "survives_raise_in_backward", "survives_hang",
+                      "survives_kill_during_save", "recipe_resume"}
+    assert {Case("s", "cpu", 2, "*", c).group for c in beside} == {"s-cpu-w2-restarts"}
+    assert Case("s", "cpu", 2, "*", "collective_timeout").group == "s-cpu-w2"
 
 
 def test_a_report_without_times_says_so() -> None:

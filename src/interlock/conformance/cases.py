@@ -16,7 +16,7 @@ from interlock.conformance.declaration import strategy_accelerators, strategy_pr
 from interlock.conformance.options import SuiteOptions
 from interlock.conformance.report import Declaration
 from interlock.conformance.runners import RUNNERS, available_runners, runner_devices
-from interlock.conformance.table import CHECKS, InPytest
+from interlock.conformance.table import CHECKS, CHECKS_BY_ID, InPytest
 from interlock.connector.parts_registry import current_parts, install_hint
 from interlock.connector.registry import (
     EntryPointStatus,
@@ -24,6 +24,9 @@ from interlock.connector.registry import (
     strategy_specs,
 )
 from interlock.connector.specs import StrategySpec
+
+#: what ends the name of the launch that runs the ``own_launch`` checks
+RESTARTS_SUFFIX = "-restarts"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +48,12 @@ class Case:
 
     @property
     def group(self) -> str:
-        """Cases that share one driver launch."""
-        return f"{self.strategy}-{self.runner}-w{self.world_size}"
+        """Cases that share one driver launch: the main one of the (strategy, runner,
+        world size), or the one beside it for the checks that need nothing of the main
+        launch (``Check.own_launch``: the restart checks)."""
+        base = f"{self.strategy}-{self.runner}-w{self.world_size}"
+        check = CHECKS_BY_ID.get(self.check)
+        return base + RESTARTS_SUFFIX if check is not None and check.own_launch else base
 
 
 def resolve_strategies(names: Iterable[str]) -> list[StrategySpec]:

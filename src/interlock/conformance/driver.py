@@ -347,12 +347,14 @@ def drive(args: argparse.Namespace) -> list[dict[str, Any]]:
     passed_before = {k: v.clone() for k, v in passed.state_dict().items()}
     returned: Any = None
     began = time.monotonic()
-    try:
-        returned = strategy.launch(run_rank_checks, args, precisions, str(workdir), passed)
-    except Exception as error:
-        crash = f"{type(error).__name__}: {error}"[:4000]
-    args.launch_seconds = round(time.monotonic() - began, 3)
-    records += _collect(workdir, args.world_size, crash)
+    if not getattr(args, "no_main_launch", False):
+        try:
+            returned = strategy.launch(run_rank_checks, args, precisions, str(workdir),
+                                       passed)
+        except Exception as error:
+            crash = f"{type(error).__name__}: {error}"[:4000]
+        args.launch_seconds = round(time.monotonic() - began, 3)
+        records += _collect(workdir, args.world_size, crash)
     ctx = LaunchContext(
         strategy=strategy, spec=spec, world_size=args.world_size, workdir=workdir,
         resolve=lambda precision, devices: _resolve(args, precision, devices),
@@ -361,10 +363,11 @@ def drive(args: argparse.Namespace) -> list[dict[str, Any]]:
         returned=returned, crash=crash, environ_before=environ_before, passed=passed,
         passed_before=passed_before, setup_seconds=setup_seconds(workdir, args.world_size))
     selected = _selected(args)
-    _then_in_driver(records, ctx, selected)
-    records += _not_run(records, precisions,
-                        f"a rank crashed before reaching it: {crash}" if crash
-                        else "the launch ended before reaching it", selected)
+    if not getattr(args, "no_main_launch", False):
+        _then_in_driver(records, ctx, selected)
+        records += _not_run(records, precisions,
+                            f"a rank crashed before reaching it: {crash}" if crash
+                            else "the launch ended before reaching it", selected)
     records += run_driver_checks(ctx, selected)
     return records
 
@@ -379,6 +382,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", required=True)
     p.add_argument("--import", dest="imports", action="append", default=[])
     p.add_argument("--checks", default=None, help="comma-separated check ids (default: all)")
+    p.add_argument("--no-main-launch", action="store_true",
+                   help="run only launch checks that need nothing of the main launch")
     return p.parse_args(argv)
 
 

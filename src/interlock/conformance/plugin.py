@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from interlock.conformance.cases import Case
+from interlock.conformance.cases import RESTARTS_SUFFIX, Case
 from interlock.conformance.report import (
     Record,
     Verdict,
@@ -76,11 +76,13 @@ class Launch:
 def launch_cost(case: Case, precisions: int, capabilities: frozenset[str],
                 dims: int) -> float:
     """A rough weight of a launch, to start the slowest first (a guess from what it
-    runs: ranks, precisions, the fault and mesh checks); only the order uses it."""
+    runs: ranks, precisions, the restart, timeout and mesh checks); only the order
+    uses it."""
     size = case.world_size or 1
+    if case.group.endswith(RESTARTS_SUFFIX):  # five launches with a restart each
+        return 15.0 * size
     cost = 2.0 * size + precisions
     if size >= 2:
-        cost += 12.0 if "elastic" in capabilities else 0.0
         cost += 4.0 if "timeout" in capabilities else 0.0
         cost += 5.0 * dims if size == 2 else 0.0
     return cost
@@ -151,7 +153,8 @@ class SuiteState:
 
         first: dict[str, Case] = {}
         for case in cases:
-            if case.skip is None and not isinstance(CHECKS_BY_ID[case.check].runs, InPytest):
+            if (case.skip is None and not isinstance(CHECKS_BY_ID[case.check].runs, InPytest)
+                    and _gated(case) is None):
                 first.setdefault(case.group, case)
         if not first:
             return
@@ -168,7 +171,12 @@ class SuiteState:
             self._futures[case.group] = self._pool.submit(self._timed, case)
 
     def result(self, case: Case) -> dict[str, Any]:
-        """The driver's record for ``case``, waiting for (or running) its launch."""
+        """The driver's record for ``case``, waiting for (or running) its launch; a
+        check the strategy's declarations or the world size rule out is skipped
+        without one."""
+        gated = _gated(case)
+        if gated is not None:
+            return {"status": "skipped", "message": gated}
         launch = self.launches.get(case.group)
         if launch is None:
             future = self._futures.get(case.group)
@@ -273,6 +281,7 @@ class SuiteState:
     def _drive(self, case: Case) -> Launch:
         from interlock.conformance.cases import precisions_for, resolve_strategies
         from interlock.conformance.runners import RUNNERS
+        from interlock.conformance.table import CHECKS
 
         began = time.monotonic()
         spec = resolve_strategies([case.strategy])[0]
@@ -285,8 +294,12 @@ class SuiteState:
                    "--workdir", str(workdir / "work"), "--out", str(out)]
         for module in self.imports:
             command += ["--import", module]
-        if self.options.checks is not None:
-            command += ["--checks", ",".join(self.options.checks)]
+        restarts = case.group.endswith(RESTARTS_SUFFIX)
+        ids = [c.id for c in CHECKS if c.own_launch == restarts
+               and (self.options.checks is None or c.id in self.options.checks)]
+        command += ["--checks", ",".join(ids)]
+        if restarts:
+            command.append("--no-main-launch")
         workdir.mkdir(parents=True, exist_ok=True)
         log = workdir / "driver.log"
         with log.open("w") as output:
@@ -335,6 +348,21 @@ class SuiteState:
         if self.options.keep_workdir or self.shared:
             return
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _gated(case: Case) -> str | None:
+    """Why the check does not apply to the case's strategy, precision and world size
+    (the driver's own rule, :func:`~interlock.conformance.table.skip_reason`), or None."""
+    from interlock.conformance.cases import resolve_strategies
+    from interlock.conformance.table import CHECKS_BY_ID, skip_reason
+
+    check = CHECKS_BY_ID[case.check]
+    if case.world_size is None:
+        return None
+    spec = resolve_strategies([case.strategy])[0]
+    return skip_reason(check, capabilities=spec.capabilities,
+                       precision=case.precision if check.per_precision else None,
+                       world_size=case.world_size, parallel_dims=spec.parallel_dims)
 
 
 def _finished(launch: Launch) -> str:

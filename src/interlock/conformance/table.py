@@ -97,6 +97,9 @@ class Check:
         world_sizes: the world sizes it runs at, when not every one.
         guarantees: what passing it means (Markdown, one line: docs/conformance.md).
         why: why a strategy must (Markdown, one line: docs/conformance.md).
+        own_launch: a launch check that needs nothing of the main launch (only fresh
+            strategies it resolves itself): it runs from a second driver, beside the
+            main one, with the other checks of its kind.
     """
 
     id: str
@@ -107,11 +110,15 @@ class Check:
     world_sizes: WorldSizes | None = None
     guarantees: str
     why: str
+    own_launch: bool = False
 
     def __post_init__(self) -> None:
         if self.loss_scaler and not self.per_precision:
             raise ValueError(f"check {self.id!r}: only a check that runs for each precision "
                              "can depend on the precision's loss scaler")
+        if self.own_launch and not isinstance(self.runs, InDriver):
+            raise ValueError(f"check {self.id!r}: only a launch check can run from a "
+                             "driver of its own")
         if isinstance(self.runs, InPytest) and (self.capability or self.world_sizes
                                                 or self.dimension):
             raise ValueError(f"check {self.id!r}: a check that launches nothing cannot be "
@@ -329,7 +336,7 @@ CHECKS: tuple[Check, ...] = (
     *(
         Check(
             id=f"survives_{kind}", capability="elastic", world_sizes=TWO_OR_MORE,
-            runs=InDriver(run=run),
+            runs=InDriver(run=run), own_launch=True,
             guarantees=f"{what}; with `launch(max_restarts=1)` the job restarts exactly "
             "once, resumes from its last complete checkpoint, and ends with parameters and "
             "AdamW state equal bit for bit to an uninterrupted run (8 steps, `32-true`, a "
@@ -360,7 +367,7 @@ CHECKS: tuple[Check, ...] = (
     ),
     Check(
         id="recipe_resume", capability="elastic", world_sizes=TWO_OR_MORE,
-        runs=InDriver(run=recipes.check_recipe_resume),
+        runs=InDriver(run=recipes.check_recipe_resume), own_launch=True,
         guarantees="the recipe loop with dropout, checkpointed by a `CheckpointManager` "
         f"every {recipes.SAVE_EVERY} steps (the first mid-epoch), with the last rank "
         f"raising inside `backward` at step {recipes.FAULT_STEP} and "
