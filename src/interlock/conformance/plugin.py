@@ -452,7 +452,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the launches the collected items need (not under xdist: its workers
     start a launch when an item asks)."""
     state = suite_state(session.config)
-    if state is None or session.config.pluginmanager.hasplugin("dsession"):
+    if (state is None or session.config.pluginmanager.hasplugin("dsession")
+            or session.config.option.collectonly):
         return
     wanted = []
     for item in session.items:
