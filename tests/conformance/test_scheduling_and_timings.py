@@ -153,3 +153,13 @@ def test_the_restart_checks_run_beside_the_main_launch_and_only_they() -> None:
 def test_a_report_without_times_says_so() -> None:
     legacy: dict[str, Any] = json.loads((HERE / "legacy-report.json").read_text())
     assert timings.render(legacy) == "this report has no timings (it predates them)\n"
+
+
+@pytest.mark.timeout(120)
+def test_collecting_only_launches_nothing_and_gives_no_verdict(tmp_path: Path) -> None:
+    done, report, pids = _suite(tmp_path, "--collect-only")
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert pids == [], f"--collect-only started {len(pids)} launches"
+    assert "tests collected" in output and "nothing checked" not in output, output
+    assert not report.exists()

@@ -517,8 +517,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """A run whose verdicts are not all good fails, even when no item failed: a
     strategy or a requested runner with nothing checked (unless allowed)."""
     state = suite_state(session.config)
-    if state is None or hasattr(session.config, "workerinput"):
-        return
+    if (state is None or hasattr(session.config, "workerinput")
+            or session.config.option.collectonly):
+        return  # nothing ran: no verdict to give
     state.verdicts = verdicts(state.records, state.selection, state.options.allow_missing)
     if session.exitstatus == 0 and any(v.fails for v in state.verdicts):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -533,7 +534,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
                             config: pytest.Config) -> None:
     state = suite_state(config)
-    if state is None or hasattr(config, "workerinput"):
+    if state is None or hasattr(config, "workerinput") or config.option.collectonly:
         return
     terminalreporter.write_sep("=", "interlock conformance")
     terminalreporter.write_line(summary_table(state.verdicts))
