@@ -210,7 +210,8 @@ def read_report(path: Path) -> ReportFile:
     hold at least one check of that precision that ran inside the launched ranks and
     passed, and none whose status is other than passed, xfailed or skipped (a failed or
     "not run" record anywhere spoils it; skips are neutral). The declaration check,
-    which launches nothing, never counts as the passing check.
+    which launches nothing, never counts as the passing check. A report marked
+    ``"partial": true`` (a run of some checks only, ``--checks``) verifies nothing.
 
     Raises:
         FileNotFoundError: there is no such file.
