@@ -163,3 +163,21 @@ def test_collecting_only_launches_nothing_and_gives_no_verdict(tmp_path: Path) -
     assert pids == [], f"--collect-only started {len(pids)} launches"
     assert "tests collected" in output and "nothing checked" not in output, output
     assert not report.exists()
+
+
+@pytest.mark.parametrize("content, args, says", [
+    (None, [], "not a readable report"),
+    ("not json", [], "not a readable report"),
+    ("[1, 2]", [], "not a conformance report"),
+    ('{"launches": [{"seconds": "x"}]}', [], "are not a conformance report's"),
+    ("{}", ["--top", "0"], "--top 0: expected a positive number"),
+])
+def test_the_timings_command_refuses_junk_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | None,
+        args: list[str], says: str) -> None:
+    path = tmp_path / "report.json"
+    if content is not None:
+        path.write_text(content)
+    assert timings.main([str(path), *args]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and says in err, err

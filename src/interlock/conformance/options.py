@@ -139,16 +139,7 @@ def _checks(text: str | None) -> tuple[str, ...] | None:
         return None
     from interlock.conformance.table import CHECK_IDS
 
-    chosen: list[str] = []
-    for part in (p.strip() for p in text.split(",")):
-        if part not in CHECK_IDS:
-            close = difflib.get_close_matches(part, CHECK_IDS, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise OptionError(f"--checks: unknown check {part!r}{hint}; the suite's "
-                              f"checks are {', '.join(CHECK_IDS)}")
-        if part not in chosen:
-            chosen.append(part)
-    return tuple(chosen)
+    return _known_names("--checks", "check", text, CHECK_IDS)
 
 
 def _precisions(text: str | None) -> tuple[str, ...] | None:
@@ -156,14 +147,19 @@ def _precisions(text: str | None) -> tuple[str, ...] | None:
         return None
     from interlock.connector.parts_registry import current_parts
 
-    names = current_parts().precision_names
+    return _known_names("--precisions", "precision", text, current_parts().precision_names)
+
+
+def _known_names(option: str, noun: str, text: str, names: Sequence[str]) -> tuple[str, ...]:
+    """The comma-separated ``text`` as distinct names, each one of ``names``; an unknown
+    one is an OptionError with a did-you-mean."""
     chosen: list[str] = []
     for part in (p.strip() for p in text.split(",")):
         if part not in names:
             close = difflib.get_close_matches(part, names, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise OptionError(f"--precisions: unknown precision {part!r}{hint}; the "
-                              f"suite's precisions are {', '.join(names)}")
+            raise OptionError(f"{option}: unknown {noun} {part!r}{hint}; the suite's "
+                              f"{noun}s are {', '.join(names)}")
         if part not in chosen:
             chosen.append(part)
     return tuple(chosen)

@@ -81,7 +81,16 @@ def main(argv: list[str] | None = None) -> int:
     if not isinstance(report, dict):
         print(f"{args.report}: not a conformance report (a JSON object)", file=sys.stderr)
         return 2
-    print(render(report, args.top), end="")
+    if args.top is not None and args.top < 1:
+        print(f"--top {args.top}: expected a positive number of rows", file=sys.stderr)
+        return 2
+    try:
+        text = render(report, args.top)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        print(f"{args.report}: its records or launches are not a conformance report's: "
+              f"{type(error).__name__}: {error}", file=sys.stderr)
+        return 2
+    print(text, end="")
     return 0
 
 
