@@ -314,3 +314,60 @@ def test_fork_holds_interrupts_while_forking_and_the_ranks_get_them_back(
     assert seen and held <= seen[0], f"fork ran with only {seen} blocked"
     assert not held & in_ranks, f"rank 0 runs the training function with {in_ranks} blocked"
     assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before, "the mask was not restored"
+
+
+def test_the_forkserver_preloads_torch_and_interlock_but_not_the_users_modules(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every forkserver worker imported torch afresh (seconds of CPU each): Python
+    3.11's server never imports its default preload, ``__main__``. The launcher now
+    has the server import torch and the interlock modules the launch names, keeps
+    what the user preloaded, and never imports the user's own modules there."""
+    from multiprocessing import forkserver
+
+    from interlock.strategies import base
+    from interlock.strategies.launchers import multiprocessing as launcher
+
+    server = forkserver.ForkServer()  # a server of its own, never started
+    server.set_forkserver_preload(["__main__", "users_own_preload"])
+    monkeypatch.setattr(forkserver, "_forkserver", server)
+    strategy = ddp("ddp_forkserver")
+    chosen = launcher.preload_forkserver(base._run_attempt, (0, strategy, workloads.places))
+    assert chosen[:2] == ("__main__", "users_own_preload")
+    assert {"torch", "torch.distributed", launcher.__name__, base.__name__,
+            type(strategy).__module__} <= set(chosen)
+    assert workloads.places.__module__ not in chosen, "a user's module was preloaded"
+    assert server._preload_modules == list(chosen)
+    server._forkserver_pid = os.getpid()  # running: its preload can no longer change
+    assert launcher.preload_forkserver(base._run_attempt, (0, strategy)) == ()
+
+
+@pytest.mark.timeout(90)
+def test_forkserver_workers_are_forked_from_a_server_that_holds_torch(
+        tmp_path: Path) -> None:
+    """End to end, in a fresh interpreter (this one's server may already run): after a
+    launch the forkserver process has torch's library mapped, so later workers fork
+    with torch loaded instead of importing it."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "forkserver_preload.py"
+    script.write_text(textwrap.dedent("""
+        from multiprocessing import forkserver
+        import interlock
+
+        def rank(strategy):
+            return strategy.global_rank
+
+        if __name__ == "__main__":
+            strategy = interlock.resolve(accelerator="cpu", devices=2,
+                                         strategy="ddp_forkserver")
+            assert strategy.launch(rank) == 0
+            pid = forkserver._forkserver._forkserver_pid
+            with open(f"/proc/{pid}/maps") as maps:
+                print("libtorch_cpu" in maps.read())
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=80, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "True", done.stdout

@@ -96,6 +96,8 @@ class MultiProcessingLauncher(Launcher):
                 "arguments must pickle; from a script, strategy='ddp' works too)."
             )
         payload = _payload(self.start_method, entry, args, kwargs)
+        if self.start_method == "forkserver":
+            preload_forkserver(entry, args)
         rendezvous, hosted = choose_rendezvous(self.num_nodes, self.main_address,
                                                self.main_port)
         world_size = self.num_processes * self.num_nodes
@@ -278,6 +280,43 @@ def _stop(processes: list[multiprocessing.process.BaseProcess], grace: float = 5
         if p.is_alive():
             p.kill()
             p.join()
+
+
+#: what the forkserver imports before it forks any worker, besides the modules of the
+#: entry and its arguments that belong to these packages (see preload_forkserver)
+FORKSERVER_PRELOAD = ("torch", "torch.distributed", __name__)
+#: the packages whose modules the forkserver may import for a launch's entry and
+#: arguments: their import has no side effect a forked child would inherit wrongly
+_PRELOADABLE = ("torch", "interlock")
+
+
+def preload_forkserver(entry: WorkerEntry, args: tuple[Any, ...]) -> tuple[str, ...]:
+    """Have the forkserver import torch (and interlock's modules the launch needs)
+    once, before it forks the workers; returns the modules it will preload, or ``()``
+    when the server already runs (then it keeps what it had).
+
+    Without this every forkserver worker imports torch afresh, seconds of CPU each,
+    as a spawned one does: the server's default preload, ``__main__``, is never
+    imported under Python 3.11 (the server is not given the main module's path), and
+    nothing else is preloaded. The user's own modules are not preloaded: one that
+    initialises CUDA at import would leave every forked worker with a context it
+    cannot use. Modules the user set with ``multiprocessing.set_forkserver_preload``
+    are kept.
+    """
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    if server is None or getattr(server, "_forkserver_pid", None) is not None:
+        return ()
+    wanted = list(FORKSERVER_PRELOAD)
+    for obj in (entry, getattr(entry, "__self__", None), *args):
+        module = getattr(obj, "__module__", None) or type(obj).__module__
+        if isinstance(module, str) and module.split(".")[0] in _PRELOADABLE:
+            wanted.append(module)
+    already = list(getattr(server, "_preload_modules", None) or [])
+    chosen = tuple(dict.fromkeys([*already, *wanted]))
+    server.set_forkserver_preload(list(chosen))
+    return chosen
 
 
 def _payload(start_method: str, entry: WorkerEntry, args: tuple[Any, ...],
