@@ -124,6 +124,11 @@ def test_the_timeout_checks_wait_a_timeout_sized_to_how_fast_ranks_start() -> No
     assert suite_timeout(_context(0.3)) == MIN_TIMEOUT_S  # forked ranks
     assert suite_timeout(_context(2.0)) == 6.0
     assert suite_timeout(_context(30.0)) == TIMEOUT_S  # never longer
+    # the restarts driver has no main launch: a whole reference launch sizes it, and
+    # the main launch's measurement wins where there is one
+    assert suite_timeout(_context(None), measured=1.0) == MIN_TIMEOUT_S
+    assert suite_timeout(_context(None), measured=3.0) == 9.0
+    assert suite_timeout(_context(2.0), measured=0.1) == 6.0
 
 
 def test_the_costliest_launches_start_first() -> None:

@@ -84,15 +84,17 @@ class LaunchContext:
     setup_seconds: float | None = None
 
 
-def suite_timeout(ctx: LaunchContext) -> float:
+def suite_timeout(ctx: LaunchContext, measured: float | None = None) -> float:
     """The process-group timeout of the checks that wait one out: long enough for the
     ranks to start and meet (``SETUP_MARGIN`` times what the slowest rank of the main
-    launch took from the driver's start to its first check), no shorter than
-    ``MIN_TIMEOUT_S`` and no longer than ``TIMEOUT_S``. Forked ranks start in a
-    fraction of a second; ranks that import torch afresh take seconds."""
-    if ctx.setup_seconds is None:
+    launch took from the driver's start to its first check or, in a driver without a
+    main launch, ``measured``: the seconds a whole launch of the same strategy took),
+    no shorter than ``MIN_TIMEOUT_S`` and no longer than ``TIMEOUT_S``. Forked ranks
+    start in a fraction of a second; ranks that import torch afresh take seconds."""
+    setup = ctx.setup_seconds if ctx.setup_seconds is not None else measured
+    if setup is None:
         return TIMEOUT_S
-    return min(TIMEOUT_S, max(MIN_TIMEOUT_S, SETUP_MARGIN * ctx.setup_seconds))
+    return min(TIMEOUT_S, max(MIN_TIMEOUT_S, SETUP_MARGIN * setup))
 
 
 # ------------------------------------------------------------------ the checks
@@ -263,6 +265,9 @@ def check_survives_kill_during_save(ctx: LaunchContext) -> None:
 #: launcher every rank re-runs the driver, and each must make the same launches
 #: whatever the driver has written meanwhile
 _REFERENCES: dict[tuple[str, int, str], dict[str, Any] | str] = {}
+#: the seconds each of those uninterrupted launches took, start to finish: in the
+#: restarts driver, which has no main launch, what sizes survives_hang's timeout
+_REFERENCE_SECONDS: dict[tuple[str, int, str], float] = {}
 
 
 def _fault_strategy(ctx: LaunchContext, timeout_s: float) -> Any:
@@ -282,7 +287,9 @@ def _fault_reference(ctx: LaunchContext) -> dict[str, Any]:
         if _is_driver():
             faults.prepare(directory)
         try:
+            started = time.monotonic()
             result = _fault_strategy(ctx, FAILURE_BOUND_S).launch(faults.train, str(directory))
+            _REFERENCE_SECONDS[key] = time.monotonic() - started
             _REFERENCES[key] = faults.final_state(result)
         except CheckSkipped:
             raise
@@ -313,7 +320,9 @@ def _survives(ctx: LaunchContext, kind: str) -> None:
         raise CheckSkipped("a hung rank becomes an error only through the process "
                            "group's timeout: the strategy does not declare 'timeout'")
     want = _fault_reference(ctx)
-    strategy = _fault_strategy(ctx, suite_timeout(ctx) if kind == "hang" else FAILURE_BOUND_S)
+    measured = _REFERENCE_SECONDS.get((ctx.spec.name, ctx.world_size, str(ctx.workdir)))
+    strategy = _fault_strategy(ctx, suite_timeout(ctx, measured) if kind == "hang"
+                               else FAILURE_BOUND_S)
     fault = faults.Fault(kind=kind, rank=_fault_rank(strategy, kind, ctx.world_size),
                          step=FAULT_STEPS[kind])
     directory = ctx.workdir / "faults" / kind
