@@ -336,8 +336,9 @@ def test_the_forkserver_preloads_torch_and_interlock_but_not_the_users_modules(
     assert {"torch", "torch.distributed", launcher.__name__, base.__name__,
             type(strategy).__module__} <= set(chosen)
     assert workloads.places.__module__ not in chosen, "a user's module was preloaded"
-    assert server._preload_modules == list(chosen)
-    server._forkserver_pid = os.getpid()  # running: its preload can no longer change
+    state = vars(server)  # the server's private fields, which typeshed leaves out
+    assert state["_preload_modules"] == list(chosen)
+    state["_forkserver_pid"] = os.getpid()  # running: its preload can no longer change
     assert launcher.preload_forkserver(base._run_attempt, (0, strategy)) == ()
 
 
