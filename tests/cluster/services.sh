@@ -90,6 +90,9 @@ SlurmdPort=$SLURMD_PORT
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+# a job step's credential lives 20 s (default 120): long enough to launch a step on a
+# loaded host, and SLURM holds a requeued job for this long before it starts again
+AuthInfo=cred_expire=20
 CredType=cred/munge
 StateSaveLocation=$STATE/spool/ctld
 SlurmdSpoolDir=$STATE/spool/d

@@ -286,8 +286,8 @@ def test_a_slurm_batch_job_requeues_itself_on_usr1_and_resumes(
         eligible = datetime.datetime.strptime(fields["EligibleTime"], "%Y-%m-%dT%H:%M:%S")
         delay = eligible.timestamp() - requeued_at
         record_property("requeue_begin_delay_s", round(delay, 1))
-        print(f"SLURM holds the requeued job for {delay:.0f}s (its credential lifetime, "
-              "120 s by default)")
+        print(f"SLURM holds the requeued job for {delay:.0f}s (its credential lifetime: "
+              "AuthInfo=cred_expire, 120 s by default, 20 s in services.sh)")
         # The hold is waited out: moving the job's StartTime to now made SLURM start
         # the requeued run before the first one was cleaned up, and the job then ended
         # FAILED without running the batch script again (1 time in 7 here). SLURM's own
