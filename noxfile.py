@@ -241,8 +241,9 @@ def _apt_install(session: nox.Session, *packages: str) -> None:
     """Debian packages, when this is a root shell on Debian (CI); otherwise the tests
     that need them say so when they skip."""
     if os.name == "posix" and os.geteuid() == 0 and shutil.which("apt-get"):
-        session.run("apt-get", "update", "-qq", external=True)
-        session.run("apt-get", "install", "-y", "-qq", *packages, external=True)
+        # install steps: they run under --install-only, and not again under -R
+        session.run_install("apt-get", "update", "-qq", external=True)
+        session.run_install("apt-get", "install", "-y", "-qq", *packages, external=True)
 
 
 @nox.session(python=PYTHON)
@@ -254,12 +255,15 @@ def deepspeed(session: nox.Session) -> None:
 
     DeepSpeed is an extra (``interlock[deepspeed]``), never a dependency; its ops build
     on first use (the shared-memory collective, and the asynchronous I/O op for NVMe
-    offloading, which needs libaio: installed here on Debian as root).
+    offloading, which needs libaio: installed here on Debian as root). They are built
+    as an install step (tools/build_deepspeed_ops.py), so ``--install-only`` prepares
+    the session, ops included, and ``-R`` then runs it without building anything.
     """
     chosen = _rows_chosen(session, DEEPSPEED_ROWS, "DeepSpeed")
     _apt_install(session, "libaio-dev")
     session.install(TORCH)
     session.install("-e", ".[test,deepspeed]", TORCH)
+    session.run_install("python", "tools/build_deepspeed_ops.py")
     session.run("pytest", "tests/runtime/test_deepspeed_and_xla.py", "-k", "deepspeed",
                 "--typeguard-packages=interlock")
     rows = [] if chosen else [arg for row in DEEPSPEED_ROWS for arg in ("--strategy", row)]
