@@ -45,7 +45,8 @@ def _ours(marker: str) -> list[str]:
 @pytest.fixture(scope="module")
 def fault_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One suite run: ddp_fork, a strategy whose load drops the optimizer state (it
-    declares elastic), and one that does not declare elastic."""
+    declares elastic), and one that does not declare elastic; only the checks these
+    tests read (``--interlock-checks``), which halves the run."""
     workdir = tmp_path_factory.mktemp("faults")
     before = os.environ.get("TMPDIR")
     # the drivers' work directories, and so their ranks' command lines, land here
@@ -54,7 +55,9 @@ def fault_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         run = run_suite(workdir, "broken_strategies",
                         ["ddp_fork", "broken_loses_optimizer_state_on_load",
                          "correct_ddp_subclass", *RESUME_BUGS],
-                        "--interlock-workers", "2")
+                        "--interlock-workers", "2", "--interlock-checks",
+                        ",".join((*SURVIVES, "recipe_resume", "recipe_parity",
+                                  "training_parity")))
     finally:
         if before is None:
             os.environ.pop("TMPDIR", None)
