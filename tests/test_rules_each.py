@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 
-from interlock import Machine, ResolutionError, plan
+from interlock import Machine, ModelShape, ResolutionError, plan
 from interlock.connector.planner import STAGES, clear_cache
 from interlock.connector.rules import audited
 from machines import (
     CPU,
     EIGHT_GPUS,
     EIGHT_GPUS_NOTEBOOK,
+    FULL,
     MPS,
     NO_FORK,
     NOTEBOOK,
@@ -39,6 +40,11 @@ from plugins import (
 )
 
 Flags = dict[str, Any]
+
+#: a 7B model, and machines whose memory is known
+SEVEN_B = ModelShape(parameters=7 * 10**9)
+H100S = Machine(cuda_devices=8, device_memory=80 << 30, host_memory=2 << 40)
+SMALL_HOST = Machine(cuda_devices=8, device_memory=80 << 30, host_memory=64 << 30)
 
 KUBEFLOW = Machine(
     cuda_devices=1,
@@ -252,6 +258,43 @@ EXAMPLES: dict[str, tuple[Flags, Machine, str | None]] = {
     "plugins/checkpoint-io-plugin": ({"plugins": MyCheckpointIO()}, CPU, None),
     "plugins/checkpoint-io-xla": ({}, TPU, None),
     "plugins/checkpoint-io-torch": ({}, CPU, None),
+    "sizing/model-shape": ({"model": SEVEN_B}, CPU, None),
+    "sizing/no-model": ({"optimizer": "sgd"}, CPU, None),
+    "sizing/model-invalid": ({"model": 7_000_000_000}, CPU, "invalid-model"),
+    "sizing/optimizer-invalid": ({"model": SEVEN_B, "optimizer": 3}, CPU,
+                                 "unknown-optimizer"),
+    "sizing/optimizer-unknown": ({"optimizer": "adamx"}, CPU, "unknown-optimizer"),
+    "sizing/optimizer-name": ({"model": SEVEN_B, "optimizer": "adam"}, CPU, None),
+    "sizing/micro-batch-invalid": ({"model": SEVEN_B, "micro_batch_size": 0}, CPU,
+                                   "invalid-model"),
+    "sizing/unused": ({"micro_batch_size": 4}, CPU, None),
+    "sizing/micro-batch-size": ({"model": SEVEN_B, "micro_batch_size": 4}, CPU, None),
+    "memory/optimizer-given": ({"model": SEVEN_B, "optimizer": "sgd"}, CPU, None),
+    "memory/optimizer-assumed": ({"model": SEVEN_B}, CPU, None),
+    "memory/replicated": ({"model": SEVEN_B, "strategy": "ddp", "devices": 8}, EIGHT_GPUS,
+                          None),
+    "memory/sharded": ({"model": SEVEN_B, "strategy": "fsdp", "devices": 8}, EIGHT_GPUS,
+                       None),
+    "memory/buffers-gradient-buckets": ({"model": SEVEN_B, "strategy": "ddp", "devices": 2},
+                                        CPU, None),
+    "memory/buffers-gathered-units": ({"model": SEVEN_B, "strategy": "fsdp", "devices": 2},
+                                      CPU, None),
+    "memory/buffers-zero-buckets": ({"model": SEVEN_B, "strategy": "deepspeed_stage_3",
+                                     "devices": 8, "precision": "bf16-true"}, FULL, None),
+    "memory/buffers-none": ({"model": SEVEN_B}, CPU, None),
+    "memory/activations-estimated": (
+        {"model": ModelShape(parameters=10**6, activation_bytes_per_sample=4096),
+         "micro_batch_size": 8}, CPU, None),
+    "memory/activations-unknown": ({"model": SEVEN_B}, CPU, None),
+    "memory/offloaded": ({"model": SEVEN_B, "strategy": "fsdp_cpu_offload", "devices": 8},
+                         EIGHT_GPUS, None),
+    "memory/on-device": ({"model": SEVEN_B}, CPU, None),
+    "memory/device-exceeded": ({"model": SEVEN_B, "strategy": "ddp", "devices": 8},
+                               H100S, "insufficient-memory"),
+    "memory/host-exceeded": ({"model": SEVEN_B, "strategy": "fsdp_cpu_offload",
+                              "devices": 8}, SMALL_HOST, "insufficient-memory"),
+    "memory/limit-unknown": ({"model": SEVEN_B}, CPU, None),
+    "memory/fits": ({"model": SEVEN_B, "strategy": "fsdp", "devices": 8}, H100S, None),
 }
 
 
@@ -360,8 +403,19 @@ def grid_launcher() -> Iterator[None]:
     unregister_environment("ilk_grid")
 
 
+@pytest.fixture
+def untyped_caller() -> Iterator[None]:
+    """A caller without type checks (plan()'s own annotations refuse the value under
+    typeguard first): the engine's refusal is what such a caller gets."""
+    from typeguard import suppress_type_checks
+
+    with suppress_type_checks():
+        yield
+
+
 #: rules whose example needs more than flags and a machine: rule id -> fixture
-SETUPS = {"launcher/own-environment": "grid_launcher",
+SETUPS = {"sizing/model-invalid": "untyped_caller",
+          "sizing/optimizer-invalid": "untyped_caller","launcher/own-environment": "grid_launcher",
           "launcher/foreign-environment": "grid_launcher",
           "launcher/environment-conflict": "grid_launcher",
           "parallelism/pp-precision": "pipeline_with_16_mixed",

@@ -209,8 +209,8 @@ def test_the_flags_stage_reads_each_flag_alone_as_it_does_together() -> None:
 
 def test_the_stages_run_in_the_documented_order() -> None:
     assert [stage.name for stage in STAGES] == [
-        "flags", "accelerator", "devices", "cluster", "strategy", "precision", "parallelism",
-        "plugins"]
+        "flags", "sizing", "accelerator", "devices", "cluster", "strategy", "precision",
+        "parallelism", "plugins", "memory"]
     for stage in STAGES:
         module = importlib.import_module(f"interlock.connector.stages.{stage.name}")
         assert getattr(module, f"{stage.name.upper()}_STAGE") is stage

@@ -8,7 +8,11 @@ from interlock.connector import (
     ClusterRow,
     LauncherRow,
     Machine,
+    MemoryEstimate,
+    MemoryTraits,
     MeshLayout,
+    ModelShape,
+    OptimizerRow,
     PackageRow,
     Parallelism,
     Plan,
@@ -21,6 +25,7 @@ from interlock.connector import (
     checkpoint_io_rows,
     environment_rows,
     launcher_rows,
+    optimizer_rows,
     package_rows,
     plan,
     precision_rows,
@@ -28,6 +33,7 @@ from interlock.connector import (
     register_checkpoint_io,
     register_environment,
     register_launcher,
+    register_optimizer,
     register_package,
     register_precision,
     register_strategy,
@@ -36,6 +42,7 @@ from interlock.connector import (
     unregister_checkpoint_io,
     unregister_environment,
     unregister_launcher,
+    unregister_optimizer,
     unregister_package,
     unregister_precision,
     unregister_strategy,
@@ -43,6 +50,7 @@ from interlock.connector import (
 from interlock.deprecation import InterlockDeprecationWarning
 from interlock.resolving import resolve
 from interlock.seeding import seed_everything
+from interlock.shapes import model_shape
 from interlock.strategies.rank_zero import rank_zero_logger
 
 #: The package version, ``major.minor.patch``.
@@ -58,7 +66,11 @@ __all__ = [
     "InterlockDeprecationWarning",
     "LauncherRow",
     "Machine",
+    "MemoryEstimate",
+    "MemoryTraits",
     "MeshLayout",
+    "ModelShape",
+    "OptimizerRow",
     "PackageRow",
     "Parallelism",
     "Plan",
@@ -72,6 +84,8 @@ __all__ = [
     "checkpoint_io_rows",
     "environment_rows",
     "launcher_rows",
+    "model_shape",
+    "optimizer_rows",
     "package_rows",
     "plan",
     "precision_rows",
@@ -80,6 +94,7 @@ __all__ = [
     "register_checkpoint_io",
     "register_environment",
     "register_launcher",
+    "register_optimizer",
     "register_package",
     "register_precision",
     "register_strategy",
@@ -90,6 +105,7 @@ __all__ = [
     "unregister_checkpoint_io",
     "unregister_environment",
     "unregister_launcher",
+    "unregister_optimizer",
     "unregister_package",
     "unregister_precision",
     "unregister_strategy",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,6 +13,8 @@ from pathlib import Path
 from interlock.connector.errors import ResolutionError
 from interlock.connector.limits import MAX_DEVICES_PER_NODE, short_repr
 from interlock.connector.machine import OPTIONAL_PACKAGES, START_METHODS, Machine
+from interlock.connector.memory import parse_bytes
+from interlock.connector.model import ModelShape
 from interlock.connector.parts_registry import package_rows
 from interlock.connector.planner import plan
 from interlock.connector.registry import RegistrationError
@@ -20,8 +23,8 @@ from interlock.connector.tables import ACCELERATORS
 SIMULATE_HELP = (
     "simulate a machine instead of probing this one: comma-separated tokens "
     "cuda=N, mps, xla=N (implies torch_xla installed), pkg=NAME (an optional package: "
-    f"{', '.join(OPTIONAL_PACKAGES)} or a registered one), interactive, nofork, cpu "
-    "(nothing extra)"
+    f"{', '.join(OPTIONAL_PACKAGES)} or a registered one), memory=SIZE (of one device, "
+    "e.g. 80GiB), host-memory=SIZE, interactive, nofork, cpu (nothing extra)"
 )
 
 
@@ -43,10 +46,17 @@ def parse_simulate(text: str) -> Machine:
     mps = interactive = False
     methods = list(START_METHODS)
     packages: set[str] = set()
+    memory: dict[str, int | None] = {"device_memory": None, "host_memory": None}
     for raw in text.split(","):
         token = raw.strip().lower()
         key, _, value = token.partition("=")
-        if key in ("cuda", "xla"):
+        if key in ("memory", "host-memory"):
+            try:
+                memory["device_memory" if key == "memory" else "host_memory"] = \
+                    parse_bytes(value)
+            except ValueError as error:
+                raise UsageError(f"--simulate {key}=: {error}") from None
+        elif key in ("cuda", "xla"):
             if not (value.isascii() and value.isdigit()):
                 raise UsageError(f"--simulate {key}= needs a device count, got "
                                  f"{short_repr(token)}")
@@ -88,7 +98,49 @@ def parse_simulate(text: str) -> Machine:
         interactive=interactive,
         start_methods=tuple(methods),
         packages=frozenset(packages),
+        device_memory=memory["device_memory"],
+        host_memory=memory["host_memory"],
     )
+
+
+_COUNT = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?(?:e[0-9]+)?)\s*([kmbt]?)\s*$")
+_COUNT_UNITS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
+
+
+def parse_count(option: str, text: str) -> int:
+    """A parameter count: ``7e9``, ``7B``, ``350M``, ``1.3b``, ``124000``.
+
+    Raises:
+        UsageError: naming the option, when ``text`` is not a count.
+    """
+    found = _COUNT.match(text.lower()) if len(text) < 64 else None
+    if found is None:
+        raise UsageError(f"{option} {short_repr(text)}: expected a count such as 7e9, 7B, "
+                         "350M or 124000")
+    return round(float(found.group(1)) * _COUNT_UNITS[found.group(2)])
+
+
+def _model(args: argparse.Namespace) -> ModelShape | None:
+    """The model shape the plan options describe, or None without --model-parameters."""
+    if args.model_parameters is None:
+        for option in ("largest_unit", "activation_bytes_per_sample"):
+            if getattr(args, option) is not None:
+                raise UsageError(f"--{option.replace('_', '-')} describes the model: give "
+                                 "--model-parameters too")
+        return None
+    try:
+        return ModelShape(
+            parameters=parse_count("--model-parameters", args.model_parameters),
+            dtype=args.model_dtype,
+            largest_unit=(None if args.largest_unit is None
+                          else parse_count("--largest-unit", args.largest_unit)),
+            tensor_parallel=(0 if args.tensor_parallel_parameters is None else parse_count(
+                "--tensor-parallel-parameters", args.tensor_parallel_parameters)),
+            activation_bytes_per_sample=(None if args.activation_bytes_per_sample is None
+                                         else parse_bytes(args.activation_bytes_per_sample)),
+        )
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 def parse_env(pairs: Sequence[str]) -> dict[str, str]:
@@ -120,6 +172,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             num_nodes=args.num_nodes,
             machine=machine,
             parallelism=args.parallelism,
+            model=_model(args),
+            optimizer=args.optimizer,
+            micro_batch_size=args.micro_batch_size,
         )
     except ResolutionError as error:
         if args.json:
@@ -287,6 +342,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="add an environment variable to the machine (repeatable)",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    sizing = p.add_argument_group(
+        "memory", "size the model to have the plan say what each rank holds, and refuse "
+        "what does not fit (docs/memory.md)")
+    sizing.add_argument("--model-parameters", metavar="COUNT",
+                        help="trainable parameters: 7e9, 7B, 350M")
+    sizing.add_argument("--model-dtype", default="float32",
+                        help="the dtype the parameters are created in (default float32)")
+    sizing.add_argument("--largest-unit", metavar="COUNT",
+                        help="parameters FSDP gathers at once (its largest unit)")
+    sizing.add_argument("--tensor-parallel-parameters", metavar="COUNT",
+                        help="parameters in the weights a tensor-parallel plan splits")
+    sizing.add_argument("--activation-bytes-per-sample", metavar="SIZE",
+                        help="activations one sample keeps for backward, e.g. 2GiB")
+    sizing.add_argument("--optimizer", default=None,
+                        help="sgd, sgd_momentum, adam, adamw (assumed), adagrad, rmsprop, "
+                        "rmsprop_momentum or a registered one")
+    sizing.add_argument("--micro-batch-size", type=int, default=None, metavar="N",
+                        help="samples per rank per forward, for the activations")
     p.set_defaults(func=cmd_plan)
 
     m = sub.add_parser("matrix", help="the compatibility matrix: pages, or every cell")

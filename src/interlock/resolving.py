@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from interlock.connector.machine import Machine
+from interlock.connector.model import ModelShape
 from interlock.connector.planner import (
     AcceleratorFlag,
     DevicesFlag,
@@ -46,6 +47,9 @@ def resolve(
     plugins: object = None,
     machine: Machine | None = None,
     parallelism: ParallelismFlag = None,
+    model: ModelShape | None = None,
+    optimizer: str | None = None,
+    micro_batch_size: int | None = None,
 ) -> Strategy:
     """`plan` the flags, then build the Strategy the plan describes: a validated, wired
     strategy, or a `ResolutionError`.
@@ -61,4 +65,5 @@ def resolve(
     return build(plan(
         accelerator=accelerator, devices=devices, strategy=strategy, precision=precision,
         num_nodes=num_nodes, plugins=plugins, machine=machine, parallelism=parallelism,
+        model=model, optimizer=optimizer, micro_batch_size=micro_batch_size,
     ))

@@ -7,24 +7,30 @@ lives with the strategies.
 
 from interlock.connector.errors import ERROR_CODES, ResolutionError
 from interlock.connector.machine import Machine
+from interlock.connector.memory import MemoryEstimate, MemoryTraits
+from interlock.connector.model import ModelShape
+from interlock.connector.optimizers import OptimizerRow
 from interlock.connector.parallelism import MeshLayout, Parallelism
 from interlock.connector.parts_registry import (
     accelerator_rows,
     checkpoint_io_rows,
     environment_rows,
     launcher_rows,
+    optimizer_rows,
     package_rows,
     precision_rows,
     register_accelerator,
     register_checkpoint_io,
     register_environment,
     register_launcher,
+    register_optimizer,
     register_package,
     register_precision,
     unregister_accelerator,
     unregister_checkpoint_io,
     unregister_environment,
     unregister_launcher,
+    unregister_optimizer,
     unregister_package,
     unregister_precision,
 )
@@ -54,7 +60,11 @@ __all__ = [
     "ClusterRow",
     "LauncherRow",
     "Machine",
+    "MemoryEstimate",
+    "MemoryTraits",
     "MeshLayout",
+    "ModelShape",
+    "OptimizerRow",
     "PackageRow",
     "Parallelism",
     "Plan",
@@ -67,6 +77,7 @@ __all__ = [
     "checkpoint_io_rows",
     "environment_rows",
     "launcher_rows",
+    "optimizer_rows",
     "package_rows",
     "plan",
     "precision_rows",
@@ -74,6 +85,7 @@ __all__ = [
     "register_checkpoint_io",
     "register_environment",
     "register_launcher",
+    "register_optimizer",
     "register_package",
     "register_precision",
     "register_strategy",
@@ -82,6 +94,7 @@ __all__ = [
     "unregister_checkpoint_io",
     "unregister_environment",
     "unregister_launcher",
+    "unregister_optimizer",
     "unregister_package",
     "unregister_precision",
     "unregister_strategy",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from interlock.connector.memory import REPLICATED, MemoryTraits
 from interlock.connector.specs import StrategySpec
 from interlock.connector.tables import PRECISION_NAMES
 
@@ -21,6 +22,36 @@ _REPLICATE = frozenset(("dp_replicate",))
 _FSDP_DIMS = frozenset(("dp_replicate", "dp_shard"))
 _MODEL_PARALLEL_DIMS = frozenset(("pp", "dp_replicate", "dp_shard", "cp", "tp"))
 _SHARD_ALL = {"dp_shard": "auto"}
+
+#: how each row holds a model (`MemoryTraits`, read by the memory estimate)
+_WHOLE = MemoryTraits(sharded=frozenset(), buffers="none")
+#: every state sharded by rows; units gathered (FSDPStrategy even on one rank)
+_FSDP_MEMORY = MemoryTraits(gathers_alone=True)
+#: a parallelize_fn applies FSDP only where there is data parallelism
+_MODEL_PARALLEL_MEMORY = MemoryTraits()
+_ALL_STATES = frozenset(("parameters", "gradients", "optimizer"))
+#: the elements of each of DeepSpeed's reduce and all-gather buckets, as the strategy
+#: configures them (`interlock.strategies.deepspeed_config`)
+ZERO_BUCKET_ELEMENTS = 200_000_000
+#: what each ZeRO stage shards over the ranks
+_ZERO_SHARDS: dict[int, frozenset[str]] = {
+    1: frozenset(("optimizer",)),
+    2: frozenset(("optimizer", "gradients")),
+    3: _ALL_STATES,
+}
+
+
+def _zero_memory(options: dict[str, object]) -> MemoryTraits:
+    """A DeepSpeed row's memory traits from its options."""
+    stage = int(options.get("stage", 2))  # type: ignore[call-overload]
+    offloaded = ({"optimizer"} if options.get("offload_optimizer") else set()) | (
+        {"parameters"} if options.get("offload_parameters") else set())
+    return MemoryTraits(sharded=_ZERO_SHARDS[stage], split="flat",
+                        offloaded=frozenset(offloaded),
+                        offload_to="nvme" if options.get("remote_device") == "nvme"
+                        else "host",
+                        master_weights=True, buffers="zero_buckets",
+                        bucket_elements=ZERO_BUCKET_ELEMENTS)
 
 
 def _ddp_rows() -> tuple[StrategySpec, ...]:
@@ -61,6 +92,7 @@ def _ddp_rows() -> tuple[StrategySpec, ...]:
                     variant_of=name if extra else None,
                     capabilities=_PARALLEL,
                     parallel_dims=_REPLICATE,
+                    memory=REPLICATED,
                 )
             )
     return tuple(rows)
@@ -124,6 +156,7 @@ def _deepspeed_rows() -> tuple[StrategySpec, ...]:
             capabilities=frozenset(("timeout", "engine_gradients")),
             # ZeRO shards over every rank: its one layout, which users cannot change
             default_parallelism=_SHARD_ALL,
+            memory=_zero_memory(options),
         )
         for name, options, what in variants
     )
@@ -142,6 +175,7 @@ BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
         max_devices=1,
         substitutes={"xla": "single_xla"},
         capabilities=frozenset(("accumulation", "clipping")),
+        memory=_WHOLE,
     ),
     *_ddp_rows(),
     StrategySpec(
@@ -157,6 +191,7 @@ BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
         capabilities=_PARALLEL,
         parallel_dims=_FSDP_DIMS,
         default_parallelism=_SHARD_ALL,
+        memory=_FSDP_MEMORY,
     ),
     StrategySpec(
         name="fsdp_cpu_offload",
@@ -173,6 +208,8 @@ BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
         capabilities=_PARALLEL | {"parameter_offload"},
         parallel_dims=_FSDP_DIMS,
         default_parallelism=_SHARD_ALL,
+        # CPUOffloadPolicy: shards, their gradients and the optimizer step live on the host
+        memory=MemoryTraits(offloaded=_ALL_STATES, gathers_alone=True),
     ),
     StrategySpec(
         name="model_parallel",
@@ -187,6 +224,8 @@ BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
         parallel_dims=_MODEL_PARALLEL_DIMS,
         # tensor parallel within a node, sharded data parallel across nodes
         default_parallelism={"tp": "node", "dp_shard": "auto"},
+        # as its parallelize_fn contract says: FSDP2 over the sharding group
+        memory=_MODEL_PARALLEL_MEMORY,
     ),
     *_deepspeed_rows(),
     StrategySpec(
@@ -200,6 +239,7 @@ BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
         requires=("torch_xla",),
         precision_plugin="xla",
         substitutes={"cpu": "ddp", "cuda": "ddp"},
+        memory=_WHOLE,
     ),
     StrategySpec(
         name="xla_debug",
@@ -212,6 +252,7 @@ BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
         requires=("torch_xla",),
         precision_plugin="xla",
         options={"debug": True},
+        memory=_WHOLE,
     ),
     StrategySpec(
         name="xla_fsdp",
@@ -225,6 +266,8 @@ BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
         precision_plugin="xla",
         default_parallelism=_SHARD_ALL,
         substitutes={"cpu": "fsdp", "cuda": "fsdp"},
+        # torch_xla's FSDP flattens each unit's parameters before sharding them
+        memory=MemoryTraits(split="flat", gathers_alone=True),
     ),
     StrategySpec(
         name="single_xla",
@@ -239,5 +282,6 @@ BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
         requires=("torch_xla",),
         precision_plugin="xla",
         substitutes={"cpu": "single_device", "cuda": "single_device", "mps": "single_device"},
+        memory=_WHOLE,
     ),
 )

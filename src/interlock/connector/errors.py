@@ -49,6 +49,13 @@ ERROR_CODES: Mapping[str, str] = MappingProxyType(
         "nodes); the message shows the arithmetic",
         "unsupported-parallelism": "the strategy, accelerator or precision cannot run a "
         "dimension of parallelism that was asked for",
+        "invalid-model": "the model flag is not an `interlock.ModelShape`, or the "
+        "micro-batch size is not an int >= 1",
+        "unknown-optimizer": "the optimizer is not one the engine knows (a built-in "
+        "optimizer row or a registered one)",
+        "insufficient-memory": "a rank needs more memory than its device (or, for "
+        "offloaded state, the host) has; the error gives the breakdown and the choices "
+        "that fit",
     }
 )
 
@@ -67,6 +74,9 @@ FLAGS: tuple[str, ...] = (
     "num_nodes",
     "plugins",
     "parallelism",
+    "model",
+    "optimizer",
+    "micro_batch_size",
     "environment",
 )
 

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from interlock.connector.limits import MAX_DEVICES_PER_NODE, short_repr
+from interlock.connector.memory import format_bytes
+from interlock.connector.memory_probe import cuda_device_memory, host_memory
+from interlock.connector.model import MAX_BYTES
 
 # re-exported: the CLI and the environment report read it from here
 from interlock.connector.tables import OPTIONAL_PACKAGES as OPTIONAL_PACKAGES
@@ -37,6 +40,11 @@ class Machine:
         extra_devices: devices of registered (third-party) accelerators, by accelerator
             name (see `interlock.connector.parts_registry`); an accelerator not listed
             has none. The built-in accelerators have fields of their own.
+        device_memory: bytes of memory of one accelerator device (the smallest, when
+            they differ), or None when not known: the memory estimate
+            (``plan(model=...)``) refuses nothing on a device of unknown size.
+        host_memory: bytes of host memory the job may use (where the CPU runner's ranks
+            and offloaded state live), or None when not known.
     """
 
     cuda_devices: int = 0
@@ -47,6 +55,8 @@ class Machine:
     start_methods: tuple[str, ...] = START_METHODS
     packages: frozenset[str] = frozenset()
     extra_devices: Mapping[str, int] = field(default_factory=dict)
+    device_memory: int | None = None
+    host_memory: int | None = None
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -61,6 +71,12 @@ class Machine:
                     f"Machine.{name} must be at most {MAX_DEVICES_PER_NODE} (no host has "
                     f"more devices; see interlock.connector.limits), got {short_repr(count)}"
                 )
+        for name in ("device_memory", "host_memory"):
+            size = getattr(self, name)
+            if size is not None and (not isinstance(size, int) or isinstance(size, bool)
+                                     or not 1 <= size <= MAX_BYTES):
+                raise ValueError(f"Machine.{name} must be None or a size in bytes from 1 to "
+                                 f"10**18, got {short_repr(size)}")
         for name in ("mps_available", "interactive"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Machine.{name} must be a bool, got {getattr(self, name)!r}")
@@ -93,6 +109,8 @@ class Machine:
             self.start_methods,
             self.packages,
             tuple(sorted(extra.items())),
+            self.device_memory,
+            self.host_memory,
         )
         object.__setattr__(self, "_hash", hash(key))
 
@@ -113,6 +131,10 @@ class Machine:
             "start methods " + (", ".join(self.start_methods) or "none"),
             "packages " + (", ".join(sorted(self.packages)) or "none"),
         ]
+        if self.device_memory is not None:
+            parts.append(f"device memory {format_bytes(self.device_memory)}")
+        if self.host_memory is not None:
+            parts.append(f"host memory {format_bytes(self.host_memory)}")
         if self.extra_devices:
             parts.append("extra devices " + ", ".join(
                 f"{n}={c}" for n, c in sorted(self.extra_devices.items())))
@@ -133,14 +155,16 @@ class Machine:
             # only when set: the JSON of a machine without them stays as it was
             **({"extra_devices": dict(sorted(self.extra_devices.items()))}
                if self.extra_devices else {}),
+            **{name: getattr(self, name) for name in ("device_memory", "host_memory")
+               if getattr(self, name) is not None},
         }
 
     @classmethod
     def probe(cls) -> Machine:
         """Read the real machine without initialising CUDA or XLA runtimes.
 
-        Device counts and installed packages are read once per process (torch is
-        imported on the first call); the environment and interactivity are read
+        Device counts, installed packages and memory sizes are read once per process
+        (torch is imported on the first call); the environment and interactivity are read
         on every call because they can change. The variables kept are those of every
         registered cluster environment.
 
@@ -163,6 +187,7 @@ class Machine:
         environ = {k: os.environ[k] for k in parts.environment_variables if k in present}
         extra = {row.name: _count_devices(row.name, row.device_count)
                  for row in parts.added_accelerators if row.device_count is not None}
+
         return cls(
             cuda_devices=cuda,
             mps_available=mps,
@@ -174,6 +199,8 @@ class Machine:
             ),
             packages=packages,
             extra_devices=extra,
+            device_memory=cuda_device_memory() if cuda else None,
+            host_memory=host_memory(),
         )
 
 

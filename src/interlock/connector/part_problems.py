@@ -20,6 +20,8 @@ from typing import Any
 
 from interlock.connector.limits import MAX_DEVICES_PER_NODE, short_repr
 from interlock.connector.machine import START_METHODS
+from interlock.connector.model import DTYPE_BYTES, MAX_BYTES
+from interlock.connector.optimizers import OptimizerRow
 from interlock.connector.registration import FACTORY_PATTERN, NAME_PATTERN
 from interlock.connector.tables import (
     ACCELERATOR_ALIASES,
@@ -217,6 +219,10 @@ def accelerator_problems(row: object, known: Known) -> list[str]:
         problems.append(f"max_devices must be None or an int from 1 to {MAX_DEVICES_PER_NODE}")
     _strategies(_names(row.strategies, "strategies", problems), known, problems,
                 own_precision=False)
+    if (not isinstance(row.memory_reserve, int) or isinstance(row.memory_reserve, bool)
+            or not 0 <= row.memory_reserve <= MAX_BYTES):
+        problems.append(f"memory_reserve must be an int of bytes >= 0, got "
+                        f"{short_repr(row.memory_reserve)}")
     return problems
 
 
@@ -288,6 +294,27 @@ def checkpoint_io_problems(row: object, known: Known) -> list[str]:
     return problems
 
 
+#: the most state tensors per parameter an optimizer row may declare
+MAX_STATE_TENSORS = 16
+
+
+def optimizer_problems(row: object, known: Known) -> list[str]:
+    """Everything wrong with a would-be optimizer row."""
+    if not isinstance(row, OptimizerRow):
+        return [f"expected an OptimizerRow, got {type(row).__name__}"]
+    problems: list[str] = []
+    _common(row, NAME_PATTERN, problems)
+    for field, most in (("state_tensors", MAX_STATE_TENSORS), ("scalar_bytes", 1 << 20)):
+        value = getattr(row, field)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= most:
+            problems.append(f"{field} must be an int from 0 to {most}, got "
+                            f"{short_repr(value)}")
+    if row.state_dtype is not None and row.state_dtype not in DTYPE_BYTES:
+        problems.append(f"state_dtype {short_repr(row.state_dtype)} must be None (the "
+                        f"parameters' dtype) or one of {', '.join(DTYPE_BYTES)}")
+    return problems
+
+
 CHECKS: Mapping[str, Callable[[object, Known], list[str]]] = {
     "packages": package_problems,
     "precisions": precision_problems,
@@ -295,4 +322,5 @@ CHECKS: Mapping[str, Callable[[object, Known], list[str]]] = {
     "accelerators": accelerator_problems,
     "environments": environment_problems,
     "launchers": launcher_problems,
+    "optimizers": optimizer_problems,
 }

@@ -13,6 +13,7 @@ kind               row                         entry point group
 ``environments``   `ClusterRow`                ``interlock.environments``
 ``launchers``      `LauncherRow`               ``interlock.launchers``
 ``packages``       `PackageRow`                ``interlock.packages``
+``optimizers``     `OptimizerRow`              ``interlock.optimizers``
 =================  ==========================  =================================
 
 An entry point's object is a row, a list or tuple of rows, or a callable taking no
@@ -59,6 +60,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
+from interlock.connector.optimizers import OPTIMIZERS, OptimizerRow
 from interlock.connector.registration import (
     EntryPointStatus,
     RegistrationError,
@@ -89,12 +91,12 @@ if TYPE_CHECKING:
     from interlock.connector.part_problems import Known
 
 R = TypeVar("R", PackageRow, PrecisionRow, CheckpointIORow, AcceleratorRow, ClusterRow,
-            LauncherRow)
+            LauncherRow, OptimizerRow)
 
 #: The part kinds, in the order their entry point groups load (an accelerator row may
 #: name a checkpoint IO row, which loads first; any row may require a package).
 PART_KINDS: tuple[str, ...] = ("packages", "precisions", "checkpoint_io", "accelerators",
-                               "environments", "launchers")
+                               "environments", "launchers", "optimizers")
 
 
 class PartRegistry(Generic[R]):
@@ -185,6 +187,8 @@ ENVIRONMENT_REGISTRY = PartRegistry(kind="environments", noun="cluster environme
                                     row_type=ClusterRow, builtin=CLUSTERS)
 LAUNCHER_REGISTRY = PartRegistry(kind="launchers", noun="launcher",
                                  row_type=LauncherRow, builtin=LAUNCHERS)
+OPTIMIZER_REGISTRY = PartRegistry(kind="optimizers", noun="optimizer",
+                                  row_type=OptimizerRow, builtin=OPTIMIZERS)
 
 #: Each kind's registry, in loading order.
 REGISTRIES: Mapping[str, PartRegistry[Any]] = MappingProxyType({
@@ -194,6 +198,7 @@ REGISTRIES: Mapping[str, PartRegistry[Any]] = MappingProxyType({
     "accelerators": ACCELERATOR_REGISTRY,
     "environments": ENVIRONMENT_REGISTRY,
     "launchers": LAUNCHER_REGISTRY,
+    "optimizers": OPTIMIZER_REGISTRY,
 })
 
 #: Each kind's entry point group.
@@ -304,7 +309,7 @@ def _register(registry: PartRegistry[Any], row: object, source: str) -> None:
 
 def register_part(row: object, *, source: str = "register_part()") -> None:
     """Register a row of whichever kind it is (a `PackageRow`, `PrecisionRow`,
-    `CheckpointIORow`, `AcceleratorRow`, `ClusterRow` or `LauncherRow`).
+    `CheckpointIORow`, `AcceleratorRow`, `ClusterRow`, `LauncherRow` or `OptimizerRow`).
 
     Raises:
         RegistrationError: the row is of no part kind, malformed, or its name is taken.
@@ -315,7 +320,7 @@ def register_part(row: object, *, source: str = "register_part()") -> None:
             return
     raise RegistrationError(
         f"cannot register {row!r} from {source}: expected a PackageRow, PrecisionRow, "
-        f"CheckpointIORow, AcceleratorRow, ClusterRow or LauncherRow, got "
+        f"CheckpointIORow, AcceleratorRow, ClusterRow, LauncherRow or OptimizerRow, got "
         f"{type(row).__name__}"
     )
 
@@ -490,6 +495,26 @@ def launcher_rows() -> Mapping[str, LauncherRow]:
     return LAUNCHER_REGISTRY.view
 
 
+def register_optimizer(row: OptimizerRow, *, source: str = "register_optimizer()") -> None:
+    """Add an optimizer that ``plan(optimizer=...)`` may name for the memory estimate.
+
+    Raises:
+        RegistrationError: the row is malformed or its name is taken.
+    """
+    _register(OPTIMIZER_REGISTRY, row, source)
+
+
+def unregister_optimizer(name: str) -> None:
+    """Remove a registered optimizer (built-in ones cannot be removed)."""
+    unregister_part("optimizers", name)
+
+
+def optimizer_rows() -> Mapping[str, OptimizerRow]:
+    """A read-only view of every optimizer, built-in first."""
+    _ensure_loaded()
+    return OPTIMIZER_REGISTRY.view
+
+
 # --------------------------------------------------------------------------- snapshot
 
 
@@ -522,8 +547,8 @@ class PartTables:
     Attributes:
         version: the `parts_version` it was taken at.
         packages: the optional packages by name, built-in first.
-        precisions, accelerators, environments, launchers, checkpoint_ios: the rows by
-            name, built-in first, then registered in registration order.
+        precisions, accelerators, environments, launchers, checkpoint_ios, optimizers:
+            the rows by name, built-in first, then registered in registration order.
         precision_names: the precision names in that order.
         accelerator_names: the accelerator names in that order.
         accelerator_inputs: every name the accelerator flag accepts.
@@ -545,6 +570,7 @@ class PartTables:
     environments: Mapping[str, ClusterRow]
     launchers: Mapping[str, LauncherRow]
     checkpoint_ios: Mapping[str, CheckpointIORow]
+    optimizers: Mapping[str, OptimizerRow]
     precision_names: tuple[str, ...]
     accelerator_names: tuple[str, ...]
     accelerator_inputs: tuple[str, ...]
@@ -622,6 +648,7 @@ def _take_snapshot() -> PartTables:
         environments=MappingProxyType(environments),
         launchers=MappingProxyType(dict(LAUNCHER_REGISTRY.rows)),
         checkpoint_ios=MappingProxyType(dict(CHECKPOINT_IO_REGISTRY.rows)),
+        optimizers=MappingProxyType(dict(OPTIMIZER_REGISTRY.rows)),
         precision_names=tuple(precisions),
         accelerator_names=tuple(accelerators),
         accelerator_inputs=("auto", *accelerators, *(c for c in ACCELERATOR_CHOOSERS

@@ -10,6 +10,8 @@ from typing import Any, ClassVar, Protocol, TypeAlias
 from interlock.connector.errors import ResolutionError, did_you_mean
 from interlock.connector.limits import MAX_DEVICES_PER_NODE
 from interlock.connector.machine import Machine
+from interlock.connector.memory import MemoryEstimate, format_bytes
+from interlock.connector.model import ModelShape
 from interlock.connector.parallelism import MeshLayout, Parallelism
 from interlock.connector.parts_registry import current_parts
 from interlock.connector.registration import load_reference
@@ -25,9 +27,11 @@ from interlock.connector.stages.accelerator import AcceleratorInput, choose_acce
 from interlock.connector.stages.cluster import ClusterInput, choose_cluster
 from interlock.connector.stages.devices import DevicesInput, place_devices
 from interlock.connector.stages.flags import plugin_kind, read_flags
+from interlock.connector.stages.memory import MemoryInput, estimate_memory
 from interlock.connector.stages.parallelism import ParallelismInput, choose_parallelism
 from interlock.connector.stages.plugins import PluginsInput, choose_plugins
 from interlock.connector.stages.precision import PrecisionInput, choose_precision
+from interlock.connector.stages.sizing import read_sizing
 from interlock.connector.stages.strategy import StrategyInput, choose_strategy
 from interlock.connector.tables import (
     LEGACY_DEGREE_OPTIONS,
@@ -94,6 +98,10 @@ class Plan:
         parallelism: the degrees of parallelism, every one an int, multiplying to the
             world size.
         mesh: the device mesh they make: dimension names outermost first, and sizes.
+        memory: what the largest rank holds, in bytes (`MemoryEstimate`), when
+            ``plan(model=...)`` gave the model's shape; None otherwise.
+        model: the model's shape the estimate is for, or None.
+        optimizer: the optimizer row the estimate counted, or None.
     """
 
     accelerator: str
@@ -115,6 +123,9 @@ class Plan:
     strategy_instance: object | None = field(default=None, repr=False, compare=False)
     accelerator_instance: object | None = field(default=None, repr=False, compare=False)
     machine: Machine = field(default_factory=Machine, repr=False, compare=False)
+    memory: MemoryEstimate | None = None
+    model: ModelShape | None = field(default=None, repr=False)
+    optimizer: str | None = None
 
     @property
     def devices(self) -> int:
@@ -177,6 +188,11 @@ class Plan:
             *textwrap.wrap(self.on_failure(), 88, initial_indent="  on failure:           ",
                            subsequent_indent=" " * 24),
         ]
+        if self.memory is not None:
+            assert self.model is not None  # a plan with an estimate has its shape
+            lines.append(f"Memory per rank ({self.memory.rank}), {self.model.describe()}, "
+                         f"optimizer {self.optimizer}:")
+            lines.extend(f"  {line}" for line in self.memory.breakdown())
         if self.plugins:
             lines.append(
                 "  plugins:              "
@@ -212,6 +228,9 @@ class Plan:
             "plugins": [type(p).__name__ for p in self.plugins],
             "notes": list(self.notes),
             "trace": [step.to_dict() for step in self.trace],
+            **({"memory": self.memory.to_dict(), "optimizer": self.optimizer,
+                "model": self.model.to_dict() if self.model is not None else None}
+               if self.memory is not None else {}),
         }
 
 
@@ -314,6 +333,18 @@ def _exact(value: object) -> object:
     return None
 
 
+def _exact_optional(value: object) -> object:
+    """`_exact` for a flag whose default is None."""
+    return ("none",) if value is None else _exact(value)
+
+
+def _exact_model(value: object) -> object:
+    """`_exact` for the model flag: None and ModelShape instances are kept."""
+    if value is None:
+        return ("none",)
+    return (ModelShape, value) if type(value) is ModelShape else None
+
+
 def _exact_parallelism(value: object) -> object:
     """`_exact` for the parallelism flag: None and Parallelism instances are kept."""
     if value is None:
@@ -346,6 +377,9 @@ def plan(
     plugins: object = None,
     machine: Machine | None = None,
     parallelism: ParallelismFlag = None,
+    model: ModelShape | None = None,
+    optimizer: str | None = None,
+    micro_batch_size: int | None = None,
 ) -> Plan:
     """Resolve training flags on a machine into a validated `Plan`.
 
@@ -369,6 +403,15 @@ def plan(
         parallelism: degrees of parallelism (`interlock.Parallelism`, a mapping such
             as ``{"dp_replicate": 2, "dp_shard": 2}`` or ``"dp_replicate=2,dp_shard=2"``);
             None runs the strategy's default degrees. See ``docs/parallelism.md``.
+        model: the model's shape (`interlock.ModelShape`, or
+            ``interlock.model_shape(module)``): the plan then says what each rank holds
+            (`Plan.memory`) and refuses a setup that does not fit the machine's memory
+            (``insufficient-memory``). See ``docs/memory.md``.
+        optimizer: the optimizer the estimate counts state for (``"adamw"``,
+            ``"sgd_momentum"``, ... or a registered row's name); None: ``"adamw"``, said
+            in the notes.
+        micro_batch_size: samples per rank per forward, for the activations (with the
+            shape's ``activation_bytes_per_sample``).
 
     Raises:
         ResolutionError: the combination cannot work; the error says why and what
@@ -383,7 +426,8 @@ def plan(
     key: tuple[object, ...] | None = None
     if plugins is None:
         parts = (_exact(accelerator), _exact(devices), _exact(strategy), _exact(precision),
-                 _exact(num_nodes), _exact_parallelism(parallelism))
+                 _exact(num_nodes), _exact_parallelism(parallelism), _exact_model(model),
+                 _exact_optional(optimizer), _exact_optional(micro_batch_size))
         if None not in parts:
             key = (*parts, machine, registry_version())
             hit = _MEMO.get(key)
@@ -391,7 +435,8 @@ def plan(
                 return hit
     result = _chain(machine, specs, Written(
         accelerator=accelerator, devices=devices, strategy=strategy, precision=precision,
-        num_nodes=num_nodes, plugins=plugins, parallelism=parallelism,
+        num_nodes=num_nodes, plugins=plugins, parallelism=parallelism, model=model,
+        optimizer=optimizer, micro_batch_size=micro_batch_size,
     ))
     if key is not None:
         if len(_MEMO) >= MEMO_SIZE:
@@ -443,6 +488,71 @@ def _choices_that_pass(error: ResolutionError, machine: Machine,
     return narrowed
 
 
+#: how many nodes `_choices_that_fit` tries, as multiples of the nodes asked for
+_NODE_FACTORS = (2, 4, 8, 16, 32, 64, 128)
+#: the most choices an ``insufficient-memory`` refusal offers
+_MAX_FIT_CHOICES = 8
+
+
+def _choices_that_fit(error: ResolutionError, machine: Machine,
+                      specs: Mapping[str, StrategySpec], written: Written,
+                      chosen: StrategySpec, num_nodes: int,
+                      devices: int) -> ResolutionError:
+    """``error`` (``insufficient-memory``) with the changes that plan and fit: another
+    strategy (sharded, offloaded), a layout of the chosen one, more nodes. Each choice
+    was planned with the other flags as written and says what it needs per device."""
+    def fits(**change: object) -> Plan | None:
+        _PROBING[0] = True
+        try:
+            return _chain(machine, specs, written._replace(**change))
+        except ResolutionError:
+            return None
+        finally:
+            _PROBING[0] = False
+
+    def need(found: Plan) -> str:
+        assert found.memory is not None
+        text = f"{format_bytes(found.memory.device_bytes)} per device"
+        return text + (", gathered units not counted" if found.memory.unknown else "")
+
+    # another strategy: the first row of each family that fits, in table order (the
+    # plainest first: fsdp before its offloading row, ZeRO-2 before ZeRO-3)
+    choices: list[str] = []
+    families: set[str] = set()
+    for name, spec in specs.items():
+        if spec.variant_of is not None or name == chosen.name or spec.family in families:
+            continue
+        found = fits(strategy=name, parallelism=None)
+        if found is not None:
+            families.add(spec.family)
+            choices.append(f"strategy={name!r} ({need(found)})")
+    layouts: list[str] = []
+    if "dp_shard" in chosen.parallel_dims:
+        layouts.append("dp_shard=auto")
+    for dim in ("tp", "pp"):
+        if dim in chosen.parallel_dims:
+            layouts.extend(f"{dim}={n},dp_shard=auto" for n in (2, 4, 8) if n <= devices)
+    for layout in layouts:
+        found = fits(parallelism=layout)
+        if found is not None:
+            choices.append(f"parallelism={layout!r} ({need(found)})")
+    for factor in _NODE_FACTORS:
+        found = fits(num_nodes=num_nodes * factor)
+        if found is not None:
+            choices.append(f"num_nodes={num_nodes * factor} ({need(found)})")
+            break
+    if len(choices) > _MAX_FIT_CHOICES:
+        choices = [*choices[:_MAX_FIT_CHOICES - 1], choices[-1]]
+    fitting = ResolutionError(error.code, flag=error.flag, value=error.value,
+                              reason=error.reason if choices else
+                              error.reason + " No other strategy, layout or node count of "
+                              "those tried fits: a smaller model, a smaller micro-batch or "
+                              "devices with more memory would.",
+                              choices=choices, rule=error.rule)
+    fitting.trace = error.trace
+    return fitting
+
+
 def _as_flag(flag: str, choice: str) -> object:
     """A choice as the flag takes it: a device count is offered as "4", written 4."""
     if flag == "devices" and choice.removeprefix("-").isdigit():
@@ -458,6 +568,9 @@ def _chain(machine: Machine, specs: Mapping[str, StrategySpec], written: Written
         flags = read_flags(written, specs=specs, parts=parts,
                            broken_entry_points=broken_entry_points())
         trace = flags.trace
+        sizing = read_sizing(written.model, written.optimizer, written.micro_batch_size,
+                             parts)
+        trace += sizing.trace
         accelerator = choose_accelerator(AcceleratorInput(
             machine=machine, parts=parts, requested=flags.accelerator), written)
         trace += accelerator.trace
@@ -494,10 +607,23 @@ def _chain(machine: Machine, specs: Mapping[str, StrategySpec], written: Written
             parts=parts, accelerator=accelerator.name,
             checkpoint_io=flags.plugins.checkpoint_io))
         trace += plugins.trace
+        memory = None
+        if sizing.shape is not None:
+            memory = estimate_memory(MemoryInput(
+                machine=machine, parts=parts, shape=sizing.shape,
+                optimizer=sizing.optimizer, micro_batch_size=sizing.micro_batch_size,
+                accelerator=accelerator.name, spec=strategy.spec, precision=precision.name,
+                degrees=layout.degrees, devices_per_node=len(strategy.parallel_devices)))
+            trace += memory.trace
     except ResolutionError as error:
         error.trace = trace + error.trace
-        if error.code in VOCABULARY_CODES and not _PROBING[0]:
+        if _PROBING[0]:
+            raise
+        if error.code in VOCABULARY_CODES:
             raise _choices_that_pass(error, machine, specs, written) from None
+        if error.code == "insufficient-memory":
+            raise _choices_that_fit(error, machine, specs, written, strategy.spec,
+                                    flags.num_nodes, len(strategy.parallel_devices)) from None
         raise
     spec = strategy.spec
     parallel_devices = strategy.parallel_devices
@@ -511,8 +637,9 @@ def _chain(machine: Machine, specs: Mapping[str, StrategySpec], written: Written
         launcher=strategy.launcher,
         cluster_environment=strategy.cluster_environment,
         checkpoint_io=plugins.checkpoint_io,
-        notes=(*flags.notes, *accelerator.notes, *placement.notes, *cluster.notes,
-               *strategy.notes, *precision.notes, *layout.notes, *plugins.notes),
+        notes=(*flags.notes, *sizing.notes, *accelerator.notes, *placement.notes,
+               *cluster.notes, *strategy.notes, *precision.notes, *layout.notes,
+               *plugins.notes, *(memory.notes if memory is not None else ())),
         parallelism=layout.degrees,
         mesh=layout.mesh,
         trace=trace,
@@ -521,4 +648,7 @@ def _chain(machine: Machine, specs: Mapping[str, StrategySpec], written: Written
         strategy_instance=flags.strategy_instance,
         accelerator_instance=flags.accelerator_instance,
         machine=machine,
+        memory=memory.estimate if memory is not None else None,
+        model=sizing.shape if memory is not None else None,
+        optimizer=memory.optimizer if memory is not None else None,
     )

@@ -76,6 +76,9 @@ class Written(NamedTuple):
     num_nodes: object = None
     plugins: object = None
     parallelism: object = None
+    model: object = None
+    optimizer: object = None
+    micro_batch_size: object = None
 
 
 #: No flags written (a stage run from parsed values only, as the matrix does).

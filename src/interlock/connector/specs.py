@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from interlock.connector.memory import REPLICATED, MemoryTraits
 from interlock.connector.parallelism import DIMS
 from interlock.connector.parts_registry import current_parts
 from interlock.connector.registration import FACTORY_PATTERN, suspects
@@ -93,6 +94,11 @@ class StrategySpec:
             given: per dimension an int, ``"auto"`` (what the others leave of the
             world; at most one) or ``"node"`` (the devices of one node); dimensions
             left out are 1.
+        memory: how the strategy holds a model (`interlock.connector.memory.MemoryTraits`:
+            what it shards, offloads and allocates), read by the memory estimate
+            (``plan(model=...)``). None: by family: ``ddp`` keeps everything whole with
+            gradient buckets, ``single_device`` whole with nothing else, any other family
+            shards every state over its sharding group as FSDP does (`memory_traits`).
     """
 
     name: str
@@ -116,6 +122,7 @@ class StrategySpec:
     parallel_dims: frozenset[str] = frozenset()
     default_parallelism: Mapping[str, object] = field(
         default_factory=lambda: {"dp_replicate": "auto"})
+    memory: MemoryTraits | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "accelerators", frozenset(self.accelerators))
@@ -149,12 +156,28 @@ class StrategySpec:
         return self.precisions - set(self.precision_refusals.get(accelerator, {}))
 
     @property
+    def memory_traits(self) -> MemoryTraits:
+        """``memory``, or the family's default when the row gives none."""
+        if self.memory is not None:
+            return self.memory
+        if self.family == "ddp":
+            return REPLICATED
+        if self.family == "single_device":
+            return SINGLE
+        return SHARDED
+
+    @property
     def interactive(self) -> bool:
         """Whether the strategy can start its processes from a notebook or REPL."""
         if self.launcher is None:
             return True
         row = current_parts().launchers.get(self.launcher)
         return row is not None and row.interactive
+
+
+#: the default traits of the single_device family, and of the families that shard
+SINGLE = MemoryTraits(sharded=frozenset(), buffers="none")
+SHARDED = MemoryTraits()
 
 
 def _rebuild_spec(fields: dict[str, object]) -> StrategySpec:
@@ -262,6 +285,10 @@ def spec_problems(spec: object) -> list[str]:
             f"capabilities {unknown} are unknown; known: {', '.join(CAPABILITIES)}"
         )
     problems.extend(_parallelism_problems(spec))
+    if spec.memory is not None:
+        problems.extend(spec.memory.problems() if isinstance(spec.memory, MemoryTraits)
+                        else [f"memory must be a MemoryTraits or None, got "
+                              f"{type(spec.memory).__name__}"])
     for accelerator in spec.substitutes:
         if accelerator not in parts.accelerators:
             problems.append(f"substitutes names unknown accelerator {accelerator!r}")

@@ -185,6 +185,11 @@ class AcceleratorRow:
             (``"torch.xpu:device_count"``, say). `Machine.probe` calls it once per
             process. None: the devices are counted only where a `Machine` says so.
 
+        memory_reserve: bytes of each device's memory its runtime keeps for itself (the
+            CUDA context, the collective library's buffers), which a plan's memory
+            estimate does not count as usable; for the CPU, what each rank's process
+            keeps of host memory (the interpreter, torch's libraries).
+
     A registered (third-party) accelerator counts its devices in
     ``Machine.extra_devices`` under its name: its ``machine_fact`` is
     ``"extra_devices"``.
@@ -202,6 +207,7 @@ class AcceleratorRow:
     strategies: frozenset[str] = frozenset()
     checkpoint_io: str = "torch"
     device_count: str | None = None
+    memory_reserve: int = 1 << 30
 
     def __post_init__(self) -> None:
         _freeze(self, sets=("precisions", "strategies"), tuples=("requires",))
@@ -217,6 +223,7 @@ ACCELERATORS: tuple[AcceleratorRow, ...] = (
         factory="interlock.strategies.accelerators.cpu:CPUAccelerator",
         runner="cpu",
         description="CPU processes; gloo for collectives",
+        memory_reserve=512 << 20,
     ),
     AcceleratorRow(
         name="cuda", machine_fact="cuda_devices", backend="nccl", runner="cuda",

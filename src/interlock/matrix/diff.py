@@ -58,6 +58,10 @@ _CHECK_DECISIONS: Mapping[str, tuple[str, ...]] = {
     "parallelism": ("parallelism/dimensions", "parallelism/degrees",
                     "parallelism/requirements"),
     "environment": ("cluster/detect", "cluster/check"),
+    # the matrix plans no model: these flags are never its cells' (kept for the record)
+    "model": ("sizing/model", "memory/fit"),
+    "optimizer": ("sizing/optimizer",),
+    "micro_batch_size": ("sizing/micro-batch",),
 }
 
 #: the decisions that decide a parallelism cell's mesh

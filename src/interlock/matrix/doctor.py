@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 
 from interlock.connector.errors import ResolutionError
 from interlock.connector.machine import Machine
+from interlock.connector.memory import format_bytes
 from interlock.connector.parts_registry import (
     PART_KINDS,
     REGISTRIES,
@@ -147,6 +148,18 @@ def part_entry_point_lines() -> list[str]:
     return lines
 
 
+def memory_lines(machine: Machine) -> list[str]:
+    """What the memory estimate (``plan(model=...)``) checks plans against here."""
+    device = ("not known: nothing is refused for a device's memory" if
+              machine.device_memory is None else
+              f"{format_bytes(machine.device_memory)} per device (the smallest, as NVML "
+              "reports it)")
+    host = ("not known" if machine.host_memory is None else
+            f"{format_bytes(machine.host_memory)} (physical memory, or the control "
+            "group's limit when lower)")
+    return [f"  device: {device}", f"  host:   {host}"]
+
+
 def doctor_report(machine: Machine | None = None) -> str:
     """A readable report of what ``machine`` (default: this one, probed) can run.
 
@@ -161,7 +174,8 @@ def doctor_report(machine: Machine | None = None) -> str:
     specs = strategy_specs()
     rows = [s for s in specs.values() if s.variant_of is None]
     width = max(len(s.name) for s in rows)
-    out = ["interlock doctor", "", f"Machine: {machine.describe()}", "", "Accelerators:"]
+    out = ["interlock doctor", "", f"Machine: {machine.describe()}", "", "Memory:",
+           *memory_lines(machine), "", "Accelerators:"]
     usable = usable_accelerators(machine)
     for accelerator, result in usable.items():
         if isinstance(result, Plan):

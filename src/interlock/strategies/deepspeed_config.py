@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from interlock.connector.builtin import ZERO_BUCKET_ELEMENTS
+
 #: ZeRO stages DeepSpeed offers: 0 (plain data parallel), 1 (optimizer state
 #: sharded), 2 (+ gradients), 3 (+ parameters)
 ZERO_STAGES = (0, 1, 2, 3)
@@ -71,8 +73,9 @@ LossScale`), not the GradScaler DeepSpeed would make for it.
         "stage": stage,
         "contiguous_gradients": True,
         "overlap_comm": True,
-        "allgather_bucket_size": 200_000_000,
-        "reduce_bucket_size": 200_000_000,
+        # the memory estimate reads the same size (ZERO_BUCKET_ELEMENTS)
+        "allgather_bucket_size": ZERO_BUCKET_ELEMENTS,
+        "reduce_bucket_size": ZERO_BUCKET_ELEMENTS,
     }
     if stage == 3:
         zero["sub_group_size"] = 1_000_000_000

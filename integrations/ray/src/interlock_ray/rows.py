@@ -7,7 +7,7 @@ built or launched.
 
 from __future__ import annotations
 
-from interlock import ClusterRow, LauncherRow, PackageRow, StrategySpec
+from interlock import ClusterRow, LauncherRow, MemoryTraits, PackageRow, StrategySpec
 
 #: How to install what the rows need, quoted by ``missing-package`` refusals.
 INSTALL = "pip install 'ray>=2.10' (or pip install interlock-ray, which brings it)"
@@ -94,6 +94,7 @@ def strategies() -> list[StrategySpec]:
             family="ddp", accelerators=_ON, precisions=_ALL_PRECISIONS,
             launcher="ray", requires=("ray",), capabilities=_CAPABILITIES,
             parallel_dims=frozenset(("dp_replicate",)),
+            memory=MemoryTraits(sharded=frozenset(), buffers="gradient_buckets"),
         ),
         StrategySpec(
             name="ray_fsdp",
@@ -104,6 +105,7 @@ def strategies() -> list[StrategySpec]:
             capabilities=_CAPABILITIES,
             parallel_dims=frozenset(("dp_replicate", "dp_shard")),
             default_parallelism={"dp_shard": "auto"},
+            memory=MemoryTraits(gathers_alone=True),
         ),
         StrategySpec(
             name="ray_model_parallel",
@@ -114,5 +116,6 @@ def strategies() -> list[StrategySpec]:
             launcher="ray", requires=("ray",), capabilities=_CAPABILITIES,
             parallel_dims=frozenset(("pp", "dp_replicate", "dp_shard", "cp", "tp")),
             default_parallelism={"tp": "node", "dp_shard": "auto"},
+            memory=MemoryTraits(),
         ),
     ]

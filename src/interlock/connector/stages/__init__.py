@@ -4,6 +4,8 @@ Each module holds one stage's rules as named rows and one pure function from a f
 input to a frozen result (or a `ResolutionError`):
 
 - flags: `flags.read_flags`, `rules.Written` to `flags.Flags`;
+- sizing: `sizing.read_sizing`, the model, optimizer and micro-batch flags to
+  `sizing.Sizing` (only when one of them is given);
 - accelerator: `accelerator.choose_accelerator`, `accelerator.AcceleratorInput` to
   `accelerator.AcceleratorChoice`;
 - devices: `devices.place_devices`, `devices.DevicesInput` to `devices.Placement`;
@@ -14,7 +16,9 @@ input to a frozen result (or a `ResolutionError`):
   `precision.PrecisionChoice`;
 - parallelism: `parallelism.choose_parallelism`, `parallelism.ParallelismInput` to
   `parallelism.ParallelismChoice`;
-- plugins: `plugins.choose_plugins`, `plugins.PluginsInput` to `plugins.PluginsChoice`.
+- plugins: `plugins.choose_plugins`, `plugins.PluginsInput` to `plugins.PluginsChoice`;
+- memory: `memory.estimate_memory`, `memory.MemoryInput` to `memory.MemoryChoice` (only
+  when a model's shape is given).
 
 `interlock.connector.planner.plan` chains them; `interlock.matrix.evaluate` calls the
 same functions, memoised by their inputs (which compare by what the rules decide from,
@@ -28,14 +32,17 @@ from interlock.connector.stages.accelerator import ACCELERATOR_STAGE
 from interlock.connector.stages.cluster import CLUSTER_STAGE
 from interlock.connector.stages.devices import DEVICES_STAGE
 from interlock.connector.stages.flags import FLAGS_STAGE
+from interlock.connector.stages.memory import MEMORY_STAGE
 from interlock.connector.stages.parallelism import PARALLELISM_STAGE
 from interlock.connector.stages.plugins import PLUGINS_STAGE
 from interlock.connector.stages.precision import PRECISION_STAGE
+from interlock.connector.stages.sizing import SIZING_STAGE
 from interlock.connector.stages.strategy import STRATEGY_STAGE
 
 #: The stages, in the order they run.
 STAGES: tuple[Stage[Any], ...] = (
     FLAGS_STAGE,
+    SIZING_STAGE,
     ACCELERATOR_STAGE,
     DEVICES_STAGE,
     CLUSTER_STAGE,
@@ -43,6 +50,7 @@ STAGES: tuple[Stage[Any], ...] = (
     PRECISION_STAGE,
     PARALLELISM_STAGE,
     PLUGINS_STAGE,
+    MEMORY_STAGE,
 )
 
 __all__ = ["STAGES"]

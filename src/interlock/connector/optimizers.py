@@ -1,0 +1,64 @@
+"""`OptimizerRow`: what an optimizer keeps per parameter, the one fact the memory
+estimate needs of it. The built-in rows are torch.optim's common optimizers with their
+default options; others join through `interlock.register_optimizer` or the
+``interlock.optimizers`` entry point group, like every part kind."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OptimizerRow:
+    """An optimizer's state, by size.
+
+    Attributes:
+        name: the name ``plan(optimizer=...)`` takes (lowercase, digits, underscores).
+        state_tensors: tensors of each parameter's size the optimizer keeps (Adam's two
+            moments: 2; SGD with momentum: 1; plain SGD: 0).
+        state_dtype: their dtype; None: the parameter's own (torch.optim's default).
+        scalar_bytes: bytes kept per parameter tensor beside them (torch's Adam keeps its
+            step count in a 4-byte float32 tensor).
+        description: one line for the docs.
+        factory: what it is, ``"package.module:Class"`` (documentation only: the engine
+            never imports it).
+    """
+
+    name: str
+    state_tensors: int
+    state_dtype: str | None = None
+    scalar_bytes: int = 0
+    description: str
+    factory: str
+
+
+OPTIMIZERS: tuple[OptimizerRow, ...] = (
+    OptimizerRow(name="sgd", state_tensors=0, factory="torch.optim:SGD",
+                 description="SGD without momentum: no state"),
+    OptimizerRow(name="sgd_momentum", state_tensors=1, factory="torch.optim:SGD",
+                 description="SGD with momentum: one momentum buffer per parameter"),
+    OptimizerRow(name="adam", state_tensors=2, scalar_bytes=4, factory="torch.optim:Adam",
+                 description="Adam: first and second moments, and a step count per tensor"),
+    OptimizerRow(name="adamw", state_tensors=2, scalar_bytes=4, factory="torch.optim:AdamW",
+                 description="AdamW: first and second moments, and a step count per tensor"),
+    OptimizerRow(name="adagrad", state_tensors=1, scalar_bytes=4,
+                 factory="torch.optim:Adagrad",
+                 description="Adagrad: a running sum of squares, and a step count per tensor"),
+    OptimizerRow(name="rmsprop", state_tensors=1, scalar_bytes=4,
+                 factory="torch.optim:RMSprop",
+                 description="RMSprop without momentum: a running square average, and a "
+                 "step count per tensor"),
+    OptimizerRow(name="rmsprop_momentum", state_tensors=2, scalar_bytes=4,
+                 factory="torch.optim:RMSprop",
+                 description="RMSprop with momentum: a square average and a momentum buffer"),
+)
+
+OPTIMIZER_ROWS: Mapping[str, OptimizerRow] = MappingProxyType({r.name: r for r in OPTIMIZERS})
+
+#: what ``plan()`` assumes when a model is given without an optimizer (the plan says so
+#: in its notes): the commonest choice, and the one with the most state among them
+DEFAULT_OPTIMIZER = "adamw"
+
+__all__ = ["DEFAULT_OPTIMIZER", "OPTIMIZERS", "OPTIMIZER_ROWS", "OptimizerRow"]
