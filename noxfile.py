@@ -86,11 +86,12 @@ def apidocs(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def matrix(session: nox.Session) -> None:
     """Check matrix.lock against the engine; ``-- --update`` rewrites it and regenerates
-    docs/rules.md and the compatibility pages."""
+    docs/rules.md, docs/memory-fits.md and the compatibility pages."""
     _install(session, "test")
     session.run("python", "-m", "interlock.matrix.lock", *session.posargs)
     if "--update" in session.posargs:
         session.run("python", "-m", "interlock.connector.docs")
+        session.run("python", "-m", "interlock.matrix.fits")
         session.run("python", "-m", "interlock.matrix.compat")
 
 

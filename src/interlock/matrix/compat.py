@@ -35,6 +35,7 @@ from interlock.connector.parts_registry import (
 )
 from interlock.connector.planner import DevicesFlag, Plan, plan
 from interlock.connector.specs import StrategySpec
+from interlock.matrix import fits
 from interlock.matrix import parallelism as par
 from interlock.matrix.profiles import PROFILES, Profile, profile_named
 
@@ -883,6 +884,7 @@ def render_markdown(specs: Iterable[StrategySpec] | None = None,
         out += wrap(f"**{e}**: `{p.name}` ({p.description}); {_environment_geometry(e)}",
                     first="- ", rest="  ")
     out += ["", *_md_parallelism(data.parallelism)]
+    out += _md_fits()
     out += [
         "## Generated with",
         "",
@@ -1057,6 +1059,7 @@ def render_html(specs: Iterable[StrategySpec] | None = None,
             for e, p in zip(ENVIRONMENTS, env.profiles, strict=True)]
     out.append("</ul>")
     out += _html_parallelism(data.parallelism)
+    out += _html_fits()
     out += ["<h2>Generated with</h2>",
             f"<p>interlock {_e(interlock.__version__)}, on these machine profiles:</p>", "<ul>"]
     out += [f"<li><code>{_e(p.name)}</code>: {_e(p.description)}</li>"
@@ -1070,6 +1073,31 @@ def render_html(specs: Iterable[StrategySpec] | None = None,
         out.append("<p>and no conformance report: every ✓ is declared.</p>")
     out += ["</body>", "</html>", ""]
     return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- what fits
+
+
+def _fits_caption() -> str:
+    machine = fits.MACHINES[0]
+    return (f"What one device holds on {machine.name}, per reference model and strategy "
+            f"({fits.PRECISION}, {fits.OPTIMIZER}; `✗` where it does not fit, with what it "
+            "would need): `interlock.plan(model=...)`'s own answer. The other reference "
+            "machines, and what each cell counts: [memory-fits.md](memory-fits.md).")
+
+
+def _md_fits() -> list[str]:
+    return ["## What fits", "", *wrap(_fits_caption()), "",
+            *fits.markdown_table(*fits.table(fits.MACHINES[0])), ""]
+
+
+def _html_fits() -> list[str]:
+    headers, rows = fits.table(fits.MACHINES[0])
+    out = ["<h2>What fits</h2>", f"<p>{_inline(_fits_caption())}</p>", "<table>",
+           "<tr>" + "".join(f"<th>{_inline(h)}</th>" for h in headers) + "</tr>"]
+    out += ["<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows]
+    out.append("</table>")
+    return out
 
 
 # --------------------------------------------------------------------------- parallelism
