@@ -358,6 +358,26 @@ def _register_fsdp() -> None:
     ))
 
 
+class ClaimsSharding(DDPStrategy):
+    """Registered with FSDP's memory traits (every state sharded over dp_shard), but a
+    DDP underneath: every rank keeps the whole model, its gradients and its optimizer
+    state. It trains exactly like DDP; only what it says of its memory is wrong."""
+
+
+def _register_memory() -> None:
+    if "broken_claims_sharding" in strategy_specs():
+        return
+    interlock.register_strategy(interlock.StrategySpec(
+        name="broken_claims_sharding", factory=f"{__name__}:ClaimsSharding",
+        description=f"deliberately broken: {ClaimsSharding.__doc__}", family="ddp",
+        accelerators=frozenset({"cpu"}), precisions=frozenset({"32-true", "bf16-mixed"}),
+        launcher="fork", options={"start_method": "fork"},
+        parallel_dims=frozenset({"dp_shard"}), default_parallelism={"dp_shard": "auto"},
+        memory=interlock.MemoryTraits(),
+    ))
+
+
 _register()
 _register_mesh()
 _register_fsdp()
+_register_memory()

@@ -22,6 +22,7 @@ from interlock.conformance import (
     docs,
     driver,
     launch_checks,
+    memory_checks,
     mesh_checks,
     recipes,
     reference,
@@ -45,7 +46,7 @@ from interlock.connector.tables import ACCELERATORS, PRECISION_NAMES
 ROOT = Path(__file__).resolve().parents[2]
 #: the modules that hold check functions (``check_*``)
 CHECK_MODULES: tuple[ModuleType, ...] = (checks, launch_checks, declaration, mesh_checks,
-                                         recipes)
+                                         recipes, memory_checks)
 
 
 def _functions(check: Check) -> list[Callable[..., None]]:
@@ -99,7 +100,8 @@ def test_every_check_function_is_declared_exactly_once() -> None:
 
 #: checks added after the first committed reports, and the day they were added: a
 #: report written before then (the GPU and TPU runners' need their machines) lacks them
-CHECKS_ADDED: dict[str, str] = {"recipe_parity": "2026-12-03", "recipe_resume": "2026-12-03"}
+CHECKS_ADDED: dict[str, str] = {"recipe_parity": "2026-12-03", "recipe_resume": "2026-12-03",
+                                "memory": "2026-12-04"}
 
 
 def test_check_ids_are_unique_and_those_the_committed_reports_name() -> None:

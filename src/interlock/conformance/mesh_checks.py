@@ -5,8 +5,9 @@ Each launches the strategy with ``parallelism=`` the layout, trains through
 ``forward_backward`` and compares, in the launching process: every rank's mesh
 coordinates and flattened groups with the layout's arithmetic, the data shard each rank
 read, the parameters with one plain process, the recipe of
-:mod:`interlock.conformance.recipes` trained on the layout with one plain process, and a
-checkpoint saved under the layout and loaded at world size 1 (resharding).
+:mod:`interlock.conformance.recipes` trained on the layout with one plain process, a
+checkpoint saved under the layout and loaded at world size 1 (resharding), and what
+each rank holds against the layout's plan (:mod:`interlock.conformance.memory_checks`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from interlock.conformance import recipes, reference
+from interlock.conformance import memory_checks, recipes, reference
 from interlock.conformance.checks import CheckFailed, CheckSkipped, full
 from interlock.connector.errors import ResolutionError
 from interlock.connector.parallelism import DIMS, FLATTENED, MeshLayout, Parallelism
@@ -81,7 +82,20 @@ def train_on_the_mesh(strategy: Any, path: str, accumulate: int,
     for part in strategy.collective.all_gather_object(params):  # pipeline stages differ
         merged.update(part)
     return {"ranks": strategy.collective.all_gather_object(where), "params": merged,
-            "recipe": recipe_on_the_mesh(strategy, accumulate, clip)}
+            "recipe": recipe_on_the_mesh(strategy, accumulate, clip),
+            "memory": memory_on_the_mesh(strategy)}
+
+
+def memory_on_the_mesh(strategy: Any) -> list[dict[str, Any]] | None:
+    """Every rank's memory against the plan of the layout (`memory_checks.measure`);
+    None under context parallel, where the sharding group a ``parallelize_fn`` uses
+    (dp_shard, or dp_shard x cp) is the function's own choice."""
+    if int(strategy.meshes["cp"].size()) > 1:
+        return None
+    engine = "engine_gradients" in getattr(strategy.plan.spec, "capabilities", ())
+    measured: list[dict[str, Any]] = strategy.collective.all_gather_object(
+        memory_checks.measure(strategy, engine=engine))
+    return measured
 
 
 def recipe_on_the_mesh(strategy: Any, accumulate: int, clip: bool) -> dict[str, Any]:
@@ -173,6 +187,10 @@ def _check_mesh(dim: str, ctx: Any) -> None:
         problems.append(f"parameters after {MESH_STEPS} steps differ from one plain "
                         f"process: {str(error)[:800]}")
     problems += _recipe_problems(result.get("recipe"), ctx.spec)
+    if result.get("memory"):
+        problems += memory_checks.memory_problems(
+            result["memory"], engine="engine_gradients" in ctx.spec.capabilities,
+            what=f"the memory of {shown}")
     try:
         loaded = ctx.resolve("32-true", 1).launch(load_elsewhere, path)
         torch.testing.assert_close(loaded["params"], result.get("params"), rtol=0, atol=0)

@@ -24,6 +24,11 @@ LR = 0.1
 BATCH = 16
 
 
+#: how `tensor_parallel_plan` splits the suite's MLPs (a model may carry its own plan as
+#: a ``tensor_parallel`` attribute): the first layer column-wise, the last row-wise
+MLP_TENSOR_PARALLEL: dict[str, str] = {"0": "colwise", "2": "rowwise"}
+
+
 def model() -> nn.Module:
     """A small MLP, always initialised the same way."""
     torch.manual_seed(0)
@@ -101,8 +106,7 @@ def tensor_parallel_plan(module: nn.Module, mesh: Any) -> nn.Module:
 
     if mesh["tp"].size() > 1:
         # a model may say how it splits (the recipe checks' model does); else the MLP's
-        own_plan: dict[str, str] = getattr(module, "tensor_parallel", {"0": "colwise",
-                                                                    "2": "rowwise"})
+        own_plan: dict[str, str] = getattr(module, "tensor_parallel", MLP_TENSOR_PARALLEL)
         styles: dict[str, ParallelStyle] = {
             name: ColwiseParallel() if style == "colwise" else RowwiseParallel()
             for name, style in own_plan.items()}

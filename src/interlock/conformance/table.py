@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
-from interlock.conformance import checks, launch_checks, mesh_checks, recipes
+from interlock.conformance import checks, launch_checks, memory_checks, mesh_checks, recipes
 from interlock.conformance.checks import RankContext
 from interlock.conformance.declaration import check_declaration
 from interlock.conformance.launch_checks import LaunchContext
@@ -269,6 +269,19 @@ CHECKS: tuple[Check, ...] = (
         why="features right alone are wrong together: clipping that sees one shard, "
         "accumulation divided twice, tied weights that come apart"),
     Check(
+        id="memory",
+        runs=InRanks(run=memory_checks.check_memory, when="each precision"),
+        guarantees="after one AdamW step on an MLP of about 16,000 parameters, the largest "
+        "rank's parameter, gradient and optimizer-state storages (local shards, padding "
+        "included; parameters and optimizer state alone for a strategy declaring "
+        f"`engine_gradients`) are within {memory_checks.TOLERANCE:.0%} of its plan's "
+        "`memory.model_state_bytes` (`plan(model=model_shape(net), optimizer='adamw')`), "
+        "and what the strategy allocates itself where it can be seen (DDP's gradient "
+        "buckets, the parameters FSDP gathers) is within the plan's `buffer_bytes`",
+        why="a plan that says a model fits must be right about what each rank holds: a "
+        "strategy that keeps full state where its row says it shards runs out of memory "
+        "only at scale"),
+    Check(
         id="interrupted_save",
         runs=InRanks(run=checks.check_interrupted_save, when="once"),
         world_sizes=WorldSizes(least=1, most=1, why="runs at world size 1, where a failing "
@@ -387,8 +400,10 @@ CHECKS: tuple[Check, ...] = (
             f"{mesh_checks.MESH_STEPS} steps through `forward_backward` equal one plain "
             "process, and so does the recipe (AdamW, warm-up, accumulation, active "
             "clipping, a shuffled loader; untied under pp); the checkpoint saved under the "
-            "layout loads at world size 1 unchanged. A layout `plan()` refuses on the "
-            "runner is skipped with its reason",
+            "layout loads at world size 1 unchanged; what each rank holds after an AdamW "
+            "step is the layout's plan's, as the `memory` check says (not under cp, whose "
+            "sharding group is the `parallelize_fn`'s choice). A layout `plan()` refuses "
+            "on the runner is skipped with its reason",
             why="a layout that trains on the wrong ranks or shards looks fine until the "
             "loss curve does not")
         for dim in DIMS
