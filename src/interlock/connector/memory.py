@@ -25,7 +25,7 @@ from interlock.connector.optimizers import OptimizerRow
 from interlock.connector.parallelism import Parallelism
 
 #: how the words of a figure left out of the estimate begin
-NOT_ESTIMATED = "FSDP's gathered units, not estimated:"
+NOT_ESTIMATED = "FSDP's gathered units are not estimated:"
 
 #: the states a strategy may shard or offload
 STATES: tuple[str, ...] = ("parameters", "gradients", "optimizer")

@@ -138,9 +138,9 @@ MEMORY_OPTIMIZER: Decision[MemoryDraft] = Decision(
 def _work_out(ctx: MemoryDraft) -> tuple[Dtypes, Share]:
     row = ctx.parts.precisions[ctx.precision]
     assert ctx.optimizer is not None  # the optimizer decision ran first
+    mixed = row.param_dtype == "float32" and row.compute_dtype in ("float16", "bfloat16")
     sizes = dtypes(ctx.shape, param_dtype=row.param_dtype, compute_dtype=row.compute_dtype,
-                   mixed=row.param_dtype == "float32" and row.compute_dtype in
-                   ("float16", "bfloat16"), optimizer=ctx.optimizer, traits=ctx.spec.memory_traits)
+                   mixed=mixed, optimizer=ctx.optimizer, traits=ctx.spec.memory_traits)
     return sizes, rank_share(ctx.shape, ctx.degrees, ctx.spec.memory_traits)
 
 
@@ -185,7 +185,7 @@ def _buffers(ctx: MemoryDraft) -> str:
     ctx.buffers = strategy_buffers(ctx.shape, ctx.share, ctx.sizes, ctx.spec.memory_traits,
                                    data_parallel)
     if ctx.buffers[1].startswith(NOT_ESTIMATED):
-        ctx.note(f"the memory estimate leaves out {ctx.buffers[1]}")
+        ctx.note(ctx.buffers[1])
         return ctx.buffers[1]
     return f"{format_bytes(ctx.buffers[0])}: {ctx.buffers[1]}"
 
