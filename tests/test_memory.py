@@ -354,6 +354,27 @@ def test_a_registered_optimizer_is_planned_for() -> None:
                                                   description="x", factory="a.b:C"))
 
 
+def test_a_precision_that_keeps_state_says_so_in_its_row() -> None:
+    """A Kahan-compensated precision keeps a buffer per parameter in the optimizer's
+    state: its row's state_tensors counts it, in the parameters' dtype."""
+    row = interlock.PrecisionRow(
+        name="ilk-bf16-compensated", param_dtype="bfloat16", compute_dtype="bfloat16",
+        scaler=False, plugin="ilk_kahan", factory="interlock.strategies.precision.half:"
+        "HalfPrecision", description="x", accelerators=frozenset({"cpu"}),
+        strategies=frozenset({"single_device"}), state_tensors=1)
+    interlock.register_precision(row)
+    try:
+        memory = _memory(model=ModelShape(parameters=100), optimizer="sgd_momentum",
+                         precision="ilk-bf16-compensated", machine=CPU)
+        assert memory.optimizer_state_bytes == 100 * 2 * 2  # momentum and compensation
+    finally:
+        interlock.unregister_precision("ilk-bf16-compensated")
+    with pytest.raises(interlock.RegistrationError, match="state_tensors must be an int"):
+        interlock.register_precision(interlock.PrecisionRow(
+            name="ilk-bad", param_dtype="bfloat16", compute_dtype="bfloat16", scaler=False,
+            plugin="ilk_kahan", factory="a.b:C", description="x", state_tensors=99))
+
+
 def test_a_strategy_declares_its_memory_traits_or_takes_its_familys() -> None:
     spec = StrategySpec(name="ilk_zero", factory="interlock.strategies.ddp:DDPStrategy",
                         description="x", family="other", accelerators=frozenset({"cpu"}),

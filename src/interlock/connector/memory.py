@@ -267,10 +267,12 @@ class Dtypes(NamedTuple):
     optimizer: int
     master: int
     names: str
+    #: state tensors per element the precision keeps beside the optimizer's (its row's)
+    precision_state: int = 0
 
 
 def dtypes(shape: ModelShape, *, param_dtype: str, compute_dtype: str, mixed: bool,
-           optimizer: OptimizerRow, traits: MemoryTraits) -> Dtypes:
+           optimizer: OptimizerRow, traits: MemoryTraits, precision_state: int = 0) -> Dtypes:
     """The element sizes under a precision row: a row that stores parameters in a dtype
     other than float32 casts the model to it; 32-true and the mixed precisions keep the
     shape's own dtype."""
@@ -285,7 +287,8 @@ def dtypes(shape: ModelShape, *, param_dtype: str, compute_dtype: str, mixed: bo
     if mixed:
         names += f", gathered in {compute_dtype}, reduced in float32"
     return Dtypes(parameter=size, compute_gather=min(gather, size),
-                  reduce=4 if mixed else size, optimizer=state, master=master, names=names)
+                  reduce=4 if mixed else size, optimizer=state, master=master, names=names,
+                  precision_state=precision_state)
 
 
 def pipeline_stages(shape: ModelShape, stages: int) -> tuple[int, ...]:

@@ -38,6 +38,9 @@ from interlock.connector.tables import (
     PrecisionRow,
 )
 
+#: the most state tensors per parameter an optimizer or precision row may declare
+MAX_STATE_TENSORS = 16
+
 #: Names of precisions: ``"bf16-mixed"``, ``"fp8-e4m3"``.
 PRECISION_NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 _DTYPE_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -175,7 +178,16 @@ def precision_problems(row: object, known: Known) -> list[str]:
                         f"{', '.join(known.accelerators)}")
     _strategies(_names(row.strategies, "strategies", problems), known, problems,
                 own_precision=True)
+    _state_tensors(row, problems)
     return problems
+
+
+def _state_tensors(row: Any, problems: list[str]) -> None:
+    value = row.state_tensors
+    if (not isinstance(value, int) or isinstance(value, bool)
+            or not 0 <= value <= MAX_STATE_TENSORS):
+        problems.append(f"state_tensors must be an int from 0 to {MAX_STATE_TENSORS}, got "
+                        f"{short_repr(value)}")
 
 
 def accelerator_problems(row: object, known: Known) -> list[str]:
@@ -294,21 +306,17 @@ def checkpoint_io_problems(row: object, known: Known) -> list[str]:
     return problems
 
 
-#: the most state tensors per parameter an optimizer row may declare
-MAX_STATE_TENSORS = 16
-
-
 def optimizer_problems(row: object, known: Known) -> list[str]:
     """Everything wrong with a would-be optimizer row."""
     if not isinstance(row, OptimizerRow):
         return [f"expected an OptimizerRow, got {type(row).__name__}"]
     problems: list[str] = []
     _common(row, NAME_PATTERN, problems)
-    for field, most in (("state_tensors", MAX_STATE_TENSORS), ("scalar_bytes", 1 << 20)):
-        value = getattr(row, field)
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= most:
-            problems.append(f"{field} must be an int from 0 to {most}, got "
-                            f"{short_repr(value)}")
+    _state_tensors(row, problems)
+    scalar = row.scalar_bytes
+    if not isinstance(scalar, int) or isinstance(scalar, bool) or not 0 <= scalar <= 1 << 20:
+        problems.append(f"scalar_bytes must be an int from 0 to {1 << 20}, got "
+                        f"{short_repr(scalar)}")
     if row.state_dtype is not None and row.state_dtype not in DTYPE_BYTES:
         problems.append(f"state_dtype {short_repr(row.state_dtype)} must be None (the "
                         f"parameters' dtype) or one of {', '.join(DTYPE_BYTES)}")

@@ -61,6 +61,10 @@ class PrecisionRow:
         strategies: strategies that take it beyond those whose own row lists it;
             each must build its precision from this row (no ``precision_plugin`` of
             its own). Built-in rows leave this empty.
+        state_tensors: tensors of each parameter's size, in the parameters' dtype,
+            that the precision keeps in the optimizer's state beside the optimizer's own
+            (a Kahan compensation buffer: 1), for the memory estimate. Built-in rows
+            keep none.
     """
 
     name: str
@@ -74,6 +78,7 @@ class PrecisionRow:
     factory: str
     accelerators: frozenset[str] = frozenset()
     strategies: frozenset[str] = frozenset()
+    state_tensors: int = 0
 
     def __post_init__(self) -> None:
         _freeze(self, sets=("accelerators", "strategies"), tuples=("requires",))

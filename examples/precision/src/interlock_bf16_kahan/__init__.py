@@ -16,6 +16,8 @@ PRECISION = PrecisionRow(
     factory="interlock_bf16_kahan.precision:KahanBF16Precision",
     description="parameters and compute in bfloat16, optimizer updates Kahan-compensated",
     accelerators=frozenset({"cpu"}),
+    # the compensation buffer, one per parameter in its dtype, in the optimizer's state
+    state_tensors=1,
     # each built-in DDP launcher is its own strategy (its presets follow it)
     strategies=frozenset({"single_device", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook",
                           "ddp_forkserver"}),

@@ -140,7 +140,8 @@ def _work_out(ctx: MemoryDraft) -> tuple[Dtypes, Share]:
     assert ctx.optimizer is not None  # the optimizer decision ran first
     mixed = row.param_dtype == "float32" and row.compute_dtype in ("float16", "bfloat16")
     sizes = dtypes(ctx.shape, param_dtype=row.param_dtype, compute_dtype=row.compute_dtype,
-                   mixed=mixed, optimizer=ctx.optimizer, traits=ctx.spec.memory_traits)
+                   mixed=mixed, optimizer=ctx.optimizer, traits=ctx.spec.memory_traits,
+                   precision_state=row.state_tensors)
     return sizes, rank_share(ctx.shape, ctx.degrees, ctx.spec.memory_traits)
 
 
@@ -151,6 +152,9 @@ def _model_state(ctx: MemoryDraft) -> str:
     per = (f"{state} state tensor{'s' if state != 1 else ''} of "
            f"{ctx.sizes.optimizer} bytes" + (" and a float32 master copy" if
                                               ctx.sizes.master else ""))
+    if ctx.sizes.precision_state:
+        per += (f", and the precision's {ctx.sizes.precision_state} of "
+                f"{ctx.sizes.parameter} bytes")
     return (f"{ctx.sizes.names}; optimizer: {per} per element; {ctx.share.how}")
 
 
@@ -265,6 +269,7 @@ def _place(ctx: MemoryDraft) -> str:
     parameter = (share.parameters + share.frozen) * sizes.parameter
     gradient = share.gradients * sizes.parameter
     optimizer = (share.optimizer * (ctx.optimizer.state_tensors * sizes.optimizer
+                                    + sizes.precision_state * sizes.parameter
                                     + sizes.master)
                  + share.tensors * ctx.optimizer.scalar_bytes)
     by_state = {"parameters": parameter, "gradients": gradient, "optimizer": optimizer}
