@@ -17,7 +17,7 @@ import pytest
 import interlock
 from interlock import RegistrationError, ResolutionError, StrategySpec, plan
 from interlock.connector import registry
-from interlock.connector.specs import spec_problems
+from interlock.connector.spec_problems import spec_problems
 from machines import CPU, NOTEBOOK
 
 COMPRESSED = StrategySpec(
@@ -99,7 +99,7 @@ def test_malformed_spec_lists_every_problem() -> None:
 
 def test_families_are_the_builtin_ones_and_other() -> None:
     from interlock.connector.builtin import BUILTIN_STRATEGIES
-    from interlock.connector.specs import strategy_families
+    from interlock.connector.spec_problems import strategy_families
 
     families = strategy_families()
     assert families[-1] == "other"
@@ -356,7 +356,8 @@ def test_the_conformance_cli_reports_a_broken_entry_point_as_a_failure(
 
 
 def test_the_conformance_guide_documents_every_spec_field_and_value() -> None:
-    from interlock.connector.specs import CAPABILITIES, strategy_families
+    from interlock.connector.spec_problems import strategy_families
+    from interlock.connector.specs import CAPABILITIES
     from interlock.connector.tables import (
         ACCELERATOR_ROWS,
         INSTALL_HINTS,

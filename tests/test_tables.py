@@ -11,7 +11,7 @@ from interlock.connector.docs import RULES_PATH, render_rules_markdown
 from interlock.connector.errors import BUILD_ERROR_CODES, ERROR_CODES
 from interlock.connector.planner import STAGES
 from interlock.connector.rules import always
-from interlock.connector.specs import spec_problems
+from interlock.connector.spec_problems import spec_problems
 from interlock.connector.tables import (
     ACCELERATOR_NAMES,
     ACCELERATORS,

@@ -21,6 +21,7 @@ from interlock.connector.planner import (
     StrategyFlag,
     check_machine,
     plan,
+    use_builder,
 )
 
 if TYPE_CHECKING:
@@ -67,3 +68,6 @@ def resolve(
         num_nodes=num_nodes, plugins=plugins, machine=machine, parallelism=parallelism,
         model=model, optimizer=optimizer, micro_batch_size=micro_batch_size,
     ))
+
+
+use_builder(build)  # Plan.build() hands its plan here

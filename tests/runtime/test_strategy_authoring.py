@@ -195,6 +195,6 @@ def test_configure_ddp_registers_a_hook_on_every_rank() -> None:
 @pytest.mark.parametrize("spec", [s for s in BUILTIN_STRATEGIES if s.options],
                          ids=lambda s: s.name)
 def test_every_builtin_rows_options_are_taken_by_its_factory(spec: StrategySpec) -> None:
-    from interlock.connector.planner import check_options, load_factory
+    from interlock.strategies.build import check_options, load_factory
 
     check_options(spec, load_factory(spec))

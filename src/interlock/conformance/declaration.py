@@ -11,9 +11,11 @@ from interlock.conformance.runners import RUNNERS
 from interlock.connector.errors import ResolutionError
 from interlock.connector.machine import Machine
 from interlock.connector.parts_registry import current_parts
-from interlock.connector.planner import check_options, load_factory, plan
+from interlock.connector.planner import plan
 from interlock.connector.registry import broken_entry_points, strategy_specs
-from interlock.connector.specs import StrategySpec, spec_problems
+from interlock.connector.spec_problems import spec_problems
+from interlock.connector.specs import StrategySpec
+from interlock.strategies.build import check_options, load_factory
 
 
 def strategy_precisions(spec: StrategySpec, accelerator: str) -> frozenset[str]:

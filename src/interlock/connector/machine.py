@@ -16,12 +16,13 @@ from interlock.connector.limits import MAX_DEVICES_PER_NODE, short_repr
 from interlock.connector.memory import format_bytes
 from interlock.connector.memory_probe import cuda_device_memory, host_memory
 from interlock.connector.model import MAX_BYTES
+from interlock.connector.parts_registry import current_parts, load_reference, package_rows
+from interlock.connector.registration import NAME_PATTERN
 
-# re-exported: the CLI and the environment report read it from here
+# re-exported: the CLI, the profiles and the environment report read them from here
+from interlock.connector.tables import ACCELERATORS
 from interlock.connector.tables import OPTIONAL_PACKAGES as OPTIONAL_PACKAGES
-
-#: Multiprocessing start methods the engine knows about.
-START_METHODS: tuple[str, ...] = ("fork", "spawn", "forkserver")
+from interlock.connector.tables import START_METHODS as START_METHODS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -176,10 +177,7 @@ class Machine:
         ``extra_devices`` set (``dataclasses.replace(Machine.probe(),
         extra_devices=...)``) to plan for its devices.
         """
-        # the registered cluster environments' variables too (read at call time)
-        from interlock.connector.parts_registry import current_parts
-
-        parts = current_parts()
+        parts = current_parts()  # the registered cluster environments' variables too
         cuda, mps, xla, packages = _probe_devices(tuple(parts.packages))
         # one pass over the environment's names: asking os.environ for each of the ~40
         # variables (most of them absent) costs five times as much
@@ -212,10 +210,6 @@ def _extra_devices(value: object) -> dict[str, int]:
     """
     if isinstance(value, Mapping) and not value:
         return {}
-    # imported here: the part tables import this module for START_METHODS
-    from interlock.connector.registration import NAME_PATTERN
-    from interlock.connector.tables import ACCELERATORS
-
     if not isinstance(value, Mapping):
         raise ValueError("Machine.extra_devices must map accelerator names to device "
                          f"counts, got {short_repr(value)}")
@@ -245,8 +239,6 @@ def _extra_devices(value: object) -> dict[str, int]:
 def _count_devices(name: str, counter: str) -> int:
     """What a registered accelerator's device counter returns (0, with a
     ``RuntimeWarning`` saying why, when it fails or returns no device count)."""
-    from interlock.connector.registration import load_reference
-
     try:
         value = load_reference("the device counter of accelerator", name, counter)()
     except Exception as exc:
@@ -282,9 +274,6 @@ def _known_packages(given: object) -> tuple[str, ...]:
     if isinstance(given, (set, frozenset, tuple, list)) and all(
             p in OPTIONAL_PACKAGES for p in given):
         return OPTIONAL_PACKAGES
-    # imported here: the part registries import this module (START_METHODS)
-    from interlock.connector.parts_registry import package_rows
-
     return tuple(package_rows())
 
 

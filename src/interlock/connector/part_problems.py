@@ -2,7 +2,7 @@
 
 Imported when a row is registered, not with the engine.
 
-One function per part kind, like `interlock.connector.specs.spec_problems` for
+One function per part kind, like `interlock.connector.spec_problems.spec_problems` for
 strategies. Each checks a row against the rows already registered (``known``): a row
 may only refer to what exists when it is registered. Entry point groups load in the
 order precisions, accelerators, cluster environments, launchers, strategies, so each
@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from interlock.connector.limits import MAX_DEVICES_PER_NODE, short_repr
-from interlock.connector.machine import START_METHODS
 from interlock.connector.model import DTYPE_BYTES, MAX_BYTES
 from interlock.connector.optimizers import OptimizerRow
 from interlock.connector.registration import FACTORY_PATTERN, NAME_PATTERN
@@ -29,6 +28,7 @@ from interlock.connector.tables import (
     ACCELERATORS,
     EXTRA_DEVICES_FACT,
     LEGACY_PRECISIONS,
+    START_METHODS,
     STRATEGY_PRECISION_PLUGINS,
     AcceleratorRow,
     CheckpointIORow,

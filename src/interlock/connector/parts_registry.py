@@ -54,6 +54,7 @@ only when the version changes. Where the registered rows go:
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -513,6 +514,30 @@ def optimizer_rows() -> Mapping[str, OptimizerRow]:
     """A read-only view of every optimizer, built-in first."""
     _ensure_loaded()
     return OPTIMIZER_REGISTRY.view
+
+
+def load_reference(noun: str, name: str, reference: str,
+                   requires: tuple[str, ...] = ()) -> Any:
+    """Import what a row's ``"package.module:attribute"`` names (a strategy's or a
+    part's factory, an accelerator's device counter): the one loader of every row.
+
+    Raises:
+        ImportError: the module or attribute cannot be imported, naming the ``noun`` row
+            ``name``, the reference and, for rows that need optional packages, how to
+            install them.
+    """
+    module_name, _, attribute = reference.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as exc:
+        hints = "; ".join(install_hint(p) for p in requires)
+        raise ImportError(
+            f"{noun} {name!r} is implemented by {reference}, which cannot be imported: "
+            f"{exc}" + (f" (install: {hints})" if hints else "")
+        ) from exc
+    return target
 
 
 # --------------------------------------------------------------------------- snapshot

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, TypeAlias
+from typing import ClassVar, Protocol, TypeAlias
 
-from interlock.connector.errors import ResolutionError, did_you_mean
+from interlock.connector.errors import ResolutionError
 from interlock.connector.limits import MAX_DEVICES_PER_NODE
 from interlock.connector.machine import Machine
 from interlock.connector.memory import MemoryEstimate, format_bytes
 from interlock.connector.model import ModelShape
 from interlock.connector.parallelism import MeshLayout, Parallelism
 from interlock.connector.parts_registry import current_parts
-from interlock.connector.registration import load_reference
 from interlock.connector.registry import (
     broken_entry_points,
     registry_version,
@@ -136,18 +135,21 @@ class Plan:
         """Wire the strategy this plan describes: the second half of
         :func:`interlock.resolve`, which is typed with the runtime's `Strategy`.
 
-        The engine never imports the runtime: this hands the plan to the builder that
-        lives with the strategies (`interlock.strategies.build.build_strategy`), which
-        imports the strategy's module now.
+        The engine never imports the runtime: the builder that lives with the
+        strategies (`interlock.strategies.build.build_strategy`, through
+        `interlock.resolving`) is handed to the engine when ``interlock`` is imported
+        (`use_builder`), and imports the strategy's module now.
 
         Raises:
             ResolutionError: ``unknown-option`` when the row's options name a keyword
-                the factory class does not take (see `check_options`), and the other
-                refusals of building (an object that only claims to be a part).
+                the factory class does not take (see
+                `interlock.strategies.build.check_options`), and the other refusals of
+                building (an object that only claims to be a part).
         """
-        from interlock.resolving import build  # the one door from the engine outwards
-
-        return build(self)
+        if _builder is None:  # pragma: no cover - importing interlock sets it
+            raise RuntimeError("no builder: import interlock (or interlock.resolving) "
+                               "before building a plan")
+        return _builder(self)
 
     def summary(self) -> str:
         """One line: what will run, where, and how."""
@@ -234,62 +236,16 @@ class Plan:
         }
 
 
-def load_factory(spec: StrategySpec) -> Any:
-    """Import the object a spec's ``factory`` names, with an error that says which
-    strategy needed it and what to install."""
-    return load_reference("strategy", spec.name, spec.factory, spec.requires)
+#: what builds a Plan's strategy (`interlock.resolving.build`), handed over by
+#: `use_builder` when ``interlock`` is imported: the engine never imports the runtime
+_builder: Callable[[Plan], StrategyPart] | None = None
 
 
-#: constructor parameters a strategy's parts arrive through: the plan provides them,
-#: so a spec's options may not
-PLAN_PROVIDED: frozenset[str] = frozenset({
-    "accelerator", "parallel_devices", "num_nodes", "precision", "checkpoint_io",
-    "cluster_environment",
-})
-
-
-def check_options(spec: StrategySpec, factory: object) -> None:
-    """Refuse option keys the factory class's constructor does not take.
-
-    A factory class receives ``spec.options`` as keyword arguments (the runtime's
-    ``Strategy.from_plan`` passes them to its constructor), so every key must be a
-    keyword parameter of the class, other than the parts the plan provides. A
-    constructor with ``**kwargs`` checks its own extras (`DDPStrategy` checks them
-    against DistributedDataParallel's signature). A factory that is a plain function
-    reads ``plan.spec.options`` itself and is not checked.
-
-    Raises:
-        ResolutionError: ``unknown-option``, naming the strategy, the key and the
-            closest accepted one.
-    """
-    if not spec.options or not isinstance(factory, type):
-        return
-    import inspect
-
-    try:
-        params = inspect.signature(factory).parameters.values()
-    except (TypeError, ValueError):  # a signature Python cannot read: nothing to check
-        return
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        accepted = None
-    else:
-        accepted = [p.name for p in params
-                    if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-                    and p.name not in PLAN_PROVIDED]
-    for key in spec.options:
-        if key in PLAN_PROVIDED:
-            why = "is a part the plan provides (set it with a flag or a plugin instead)"
-        elif accepted is not None and key not in accepted:
-            why = f"is not a parameter of {factory.__name__}"
-        else:
-            continue
-        raise ResolutionError(
-            "unknown-option", flag="strategy", value=spec.name,
-            reason=f"the strategy's options give {spec.factory} the keyword {key!r}, "
-            f"which {why}.",
-            choices=sorted(accepted or ()),
-            suggestion=did_you_mean(key, accepted or ()),
-        )
+def use_builder(builder: Callable[[Plan], StrategyPart]) -> None:
+    """Tell `Plan.build` what builds a strategy (`interlock.resolving` calls this once,
+    at import; the engine depends on nothing of the runtime)."""
+    global _builder
+    _builder = builder
 
 
 def check_machine(function: str, machine: object) -> None:

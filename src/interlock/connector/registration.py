@@ -9,12 +9,11 @@ warned about once, never silently dropped.
 
 from __future__ import annotations
 
-import importlib
 import re
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
@@ -26,33 +25,6 @@ NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
 
 #: The strategy entry point group (the default of `EntryPointStatus.group`).
 STRATEGY_GROUP = "interlock.strategies"
-
-
-def load_reference(noun: str, name: str, reference: str,
-                   requires: tuple[str, ...] = ()) -> Any:
-    """Import what a row's ``"package.module:attribute"`` names (a strategy's or a
-    part's factory, an accelerator's device counter): the one loader of every row.
-
-    Raises:
-        ImportError: the module or attribute cannot be imported, naming the ``noun`` row
-            ``name``, the reference and, for rows that need optional packages, how to
-            install them.
-    """
-    module_name, _, attribute = reference.partition(":")
-    try:
-        target: Any = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError) as exc:
-        # imported here: the tables import the machine module, which imports this one
-        from interlock.connector.parts_registry import install_hint
-
-        hints = "; ".join(install_hint(p) for p in requires)
-        raise ImportError(
-            f"{noun} {name!r} is implemented by {reference}, which cannot be imported: "
-            f"{exc}" + (f" (install: {hints})" if hints else "")
-        ) from exc
-    return target
 
 
 class RegistrationError(ValueError):

@@ -17,7 +17,8 @@ from interlock.connector.builtin import BUILTIN_STRATEGIES
 from interlock.connector.registration import STRATEGY_GROUP, load_entry_point, scan_entry_points
 from interlock.connector.registration import EntryPointStatus as EntryPointStatus
 from interlock.connector.registration import RegistrationError as RegistrationError
-from interlock.connector.specs import StrategySpec, spec_problems
+from interlock.connector.spec_problems import spec_problems
+from interlock.connector.specs import StrategySpec
 from interlock.connector.tables import WITHDRAWN_ROWS
 
 if TYPE_CHECKING:

@@ -34,6 +34,11 @@ def _freeze(row: object, *, sets: tuple[str, ...], tuples: tuple[str, ...]) -> N
             object.__setattr__(row, name, tuple(value))
 
 
+#: Multiprocessing start methods the engine knows about (`Machine.start_methods`,
+#: `LauncherRow.start_method`).
+START_METHODS: tuple[str, ...] = ("fork", "spawn", "forkserver")
+
+
 # --------------------------------------------------------------------------- precisions
 
 

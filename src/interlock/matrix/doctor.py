@@ -106,7 +106,7 @@ def _precision_lines(machine: Machine, accelerator: str,
 
 def _runtime_missing(spec: StrategySpec) -> str | None:
     """Why the strategy's factory cannot be imported here, or None when it can."""
-    from interlock.connector.planner import load_factory
+    from interlock.strategies.build import load_factory
 
     try:
         load_factory(spec)
