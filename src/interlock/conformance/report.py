@@ -10,12 +10,11 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from interlock.output_files import write_text
 
 if TYPE_CHECKING:
-    from interlock.conformance.cases import Selection
     from interlock.conformance.options import SuiteOptions
 
 #: The report's layout version, written as ``"schema"``. A report without the field is
@@ -104,7 +103,31 @@ class Verdict:
     fails: bool = False
 
 
-def verdicts(records: list[Record], selection: Selection,
+class ScheduledCase(Protocol):
+    """What a verdict reads of a scheduled case (`interlock.conformance.cases.Case`)."""
+
+    @property
+    def strategy(self) -> str: ...
+
+    @property
+    def runner(self) -> str: ...
+
+
+class Scheduled(Protocol):
+    """What a verdict reads of a run's selection (`interlock.conformance.cases.Selection`,
+    which imports this module: hence a protocol, not the class)."""
+
+    @property
+    def cases(self) -> Sequence[ScheduledCase]: ...
+
+    @property
+    def explicit_runner(self) -> bool: ...
+
+    @property
+    def declared(self) -> frozenset[tuple[str, str]]: ...
+
+
+def verdicts(records: list[Record], selection: Scheduled,
              allow_missing: bool = False) -> list[Verdict]:
     """One verdict per (strategy, runner) the selection scheduled.
 

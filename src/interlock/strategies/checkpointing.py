@@ -30,7 +30,7 @@ from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -55,7 +55,36 @@ from interlock.strategies.module_wrapper import unwrap
 from interlock.strategies.random_state import RANDOM_KEY
 
 if TYPE_CHECKING:
-    from interlock.strategies.base import Strategy
+    from interlock.strategies.collectives import Collective
+    from interlock.strategies.io.base import CheckpointIO
+    from interlock.strategies.precision.base import Precision
+
+T = TypeVar("T")
+
+
+class Strategy(Protocol):
+    """What checkpoint files need of a strategy (`interlock.strategies.base.Strategy`,
+    which calls these functions, and so is not imported here): its ranks, collectives,
+    precision and checkpoint IO."""
+
+    @property
+    def root_device(self) -> torch.device: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def global_rank(self) -> int: ...
+    @property
+    def is_global_zero(self) -> bool: ...
+    @property
+    def collective(self) -> Collective: ...
+    @property
+    def precision(self) -> Precision: ...
+    @property
+    def checkpoint_io(self) -> CheckpointIO: ...
+
+    def barrier(self) -> None: ...
+
+    def broadcast(self, obj: T, src: int = 0) -> T: ...
 
 #: checkpoint key under which the precision's state (the grad scaler's) travels
 PRECISION_KEY = "interlock/precision"

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import torch
 from torch.utils.data import (
@@ -45,7 +45,30 @@ from torch.utils.data import (
 from interlock.seeding import derive_seed, seed_workers_enabled
 
 if TYPE_CHECKING:
-    from interlock.strategies.base import Strategy
+    from interlock.strategies.collectives import Collective
+
+T = TypeVar("T")
+
+
+class Strategy(Protocol):
+    """What sharding a loader needs of a strategy (`interlock.strategies.base.Strategy`,
+    which calls these functions, and so is not imported here)."""
+
+    #: how many loaders this strategy has set up (each gets its own seed stream)
+    _loader_setups: int
+
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def data_parallel_size(self) -> int: ...
+    @property
+    def data_parallel_rank(self) -> int: ...
+    @property
+    def collective(self) -> Collective: ...
+
+    def batch_to_device(self, batch: Any) -> Any: ...
+
+    def broadcast(self, obj: T, src: int = 0) -> T: ...
 
 __all__ = ["ShardSampler", "StrategyDataLoader", "setup_dataloader", "shard", "shard_loader",
            "shard_size"]

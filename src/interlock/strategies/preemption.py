@@ -27,11 +27,19 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Mapping
+from pathlib import Path
 from types import FrameType, TracebackType
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
-if TYPE_CHECKING:
-    from interlock.strategies.base import Strategy
+
+class Strategy(Protocol):
+    """What a guard needs of a strategy (`interlock.strategies.base.Strategy`, whose
+    launchers use guards, and so is not imported here)."""
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool: ...
+
+    def save_checkpoint(self, path: str | Path, state: Mapping[str, Any]) -> None: ...
 
 #: The exit status of a process stopped by SIGTERM through a guard (the shell's 128 + 15).
 PREEMPTED_EXIT_CODE = 128 + int(signal.SIGTERM)
