@@ -15,23 +15,6 @@ import interlock
 SRC = Path(interlock.__file__).resolve().parent.parent
 PACKAGE = SRC / "interlock"
 
-#: Imports of the runtime that are only ever evaluated by a type checker, and that
-#: would close a cycle if they ran: the helpers of `Strategy` (checkpoint files, data
-#: loaders, preemption) take a Strategy argument, and the base class calls them. They
-#: are listed so that a new one fails this test rather than hiding.
-TYPE_ONLY_BACK_EDGES: frozenset[tuple[str, str]] = frozenset({
-    ("interlock.strategies.checkpointing", "interlock.strategies.base"),
-    ("interlock.strategies.dataloading", "interlock.strategies.base"),
-    ("interlock.strategies.preemption", "interlock.strategies.base"),
-})
-
-#: The engine's one way out of its own package: `Plan.build` hands the plan to
-#: `interlock.resolving`, which imports the runtime's builder (never the engine itself).
-ENGINE_EXITS: frozenset[tuple[str, str]] = frozenset({
-    ("interlock.connector.planner", "interlock.resolving"),
-})
-
-
 @dataclass(frozen=True)
 class Import:
     """One import statement: who imports what, where, and whether it only type-checks."""
@@ -107,35 +90,31 @@ def test_the_engine_never_imports_the_runtime() -> None:
     )
 
 
-def test_the_engine_leaves_its_package_only_through_plan_build() -> None:
-    found = {(i.module, i.target): str(i)
-             for path in sorted((PACKAGE / "connector").rglob("*.py"))
-             for i in imports(path)
-             if _within(i.target, "interlock") and not _within(i.target, "interlock.connector")}
-    unexpected = [text for (module, target), text in sorted(found.items())
-                  if not any(module == m and _within(target, t) for m, t in ENGINE_EXITS)]
-    assert not unexpected, (
-        "interlock.connector imports interlock modules outside the engine:\n  "
-        + "\n  ".join(unexpected)
-    )
+def test_the_engine_never_leaves_its_package() -> None:
+    """`Plan.build` reaches the builder through `interlock.connector.planner.use_builder`,
+    which `interlock.resolving` calls at import: no engine module imports anything of
+    interlock outside the engine."""
+    found = sorted({str(i) for path in sorted((PACKAGE / "connector").rglob("*.py"))
+                    for i in imports(path)
+                    if _within(i.target, "interlock")
+                    and not _within(i.target, "interlock.connector")})
+    assert not found, ("interlock.connector imports interlock modules outside the "
+                       "engine:\n  " + "\n  ".join(found))
 
 
-def _runtime_graph(*, with_type_only: bool) -> dict[str, dict[str, Import]]:
-    """module -> {module it imports: the first such import}, among the modules of
-    interlock.strategies. Importing ``a.b.c`` runs the packages ``a.b`` and ``a`` too,
-    so each is an edge (except the importing module's own enclosing packages, which
-    are always already running)."""
-    paths = {module_name(p): p for p in sorted((PACKAGE / "strategies").rglob("*.py"))}
+def _graph(root: Path) -> dict[str, dict[str, Import]]:
+    """module -> {module it imports: the first such import}, among the modules under
+    ``root``, every import counted (module level, in functions, under TYPE_CHECKING).
+    Importing ``a.b.c`` runs the packages ``a.b`` and ``a`` too, so each is an edge
+    (except the importing module's own enclosing packages, which are always already
+    running)."""
+    paths = {module_name(p): p for p in sorted(root.rglob("*.py"))}
     graph: dict[str, dict[str, Import]] = {name: {} for name in paths}
     for name, path in paths.items():
         for found in imports(path):
-            if found.type_only and not with_type_only:
-                continue
             parts = found.target.split(".")
             for end in range(1, len(parts) + 1):
                 target = ".".join(parts[:end])
-                if found.type_only and (name, target) in TYPE_ONLY_BACK_EDGES:
-                    continue
                 if target in paths and target != name and not _within(name, target):
                     graph[name].setdefault(target, found)
     return graph
@@ -182,43 +161,11 @@ def _describe(graph: dict[str, dict[str, Import]], cycle: list[str]) -> str:
                        if t in members)
 
 
-def test_the_runtime_modules_import_each_other_without_a_cycle() -> None:
-    graph = _runtime_graph(with_type_only=False)
+def test_no_module_of_the_package_imports_itself_in_a_circle() -> None:
+    """Counting every import: a circle closed inside a function or under TYPE_CHECKING
+    is a circle all the same (a helper that needs a strategy declares a Protocol of
+    what it reads, as `strategies.checkpointing` does)."""
+    graph = _graph(PACKAGE)
     cycles = _cycles(graph)
-    assert not cycles, "import cycles among interlock.strategies modules:\n  " + "\n\n  ".join(
+    assert not cycles, "import circles in interlock:\n  " + "\n\n  ".join(
         _describe(graph, c) for c in cycles)
-
-
-def test_type_only_imports_close_no_cycle_but_the_known_ones() -> None:
-    graph = _runtime_graph(with_type_only=True)
-    cycles = _cycles(graph)
-    assert not cycles, (
-        "imports under TYPE_CHECKING close a cycle among interlock.strategies modules "
-        "(add a Protocol, or list a reviewed edge in TYPE_ONLY_BACK_EDGES):\n  "
-        + "\n\n  ".join(_describe(graph, c) for c in cycles))
-
-
-def test_the_known_type_only_edges_still_exist() -> None:
-    present = {(i.module, i.target) for path in sorted((PACKAGE / "strategies").rglob("*.py"))
-               for i in imports(path) if i.type_only}
-    stale = sorted(TYPE_ONLY_BACK_EDGES - present)
-    assert not stale, f"listed type-only edges no longer in the source (remove them): {stale}"
-
-
-def test_the_checker_sees_imports_in_functions_and_under_type_checking(
-    tmp_path: Path,
-) -> None:
-    # the syntax-tree walk must not miss the ways an import can hide
-    probe = tmp_path / "probe.py"
-    probe.write_text(
-        "from typing import TYPE_CHECKING\n"
-        "if TYPE_CHECKING:\n    from ..strategies.base import Strategy\n"
-        "def build() -> None:\n    import interlock.strategies.ddp\n"
-        "def load() -> None:\n    importlib.import_module('interlock.strategies.xla')\n",
-        encoding="utf-8",
-    )
-    found = [i for i in imports(probe, "interlock.connector.probe")
-             if _within(i.target, "interlock.strategies")]
-    assert {(i.target, i.type_only) for i in found} >= {
-        ("interlock.strategies.base", True), ("interlock.strategies.ddp", False),
-        ("interlock.strategies.xla", False)}
