@@ -54,9 +54,6 @@ class Strategy(Protocol):
     """What sharding a loader needs of a strategy (`interlock.strategies.base.Strategy`,
     which calls these functions, and so is not imported here)."""
 
-    #: how many loaders this strategy has set up (each gets its own seed stream)
-    _loader_setups: int
-
     @property
     def world_size(self) -> int: ...
     @property
@@ -223,14 +220,18 @@ def _for_this_rank(strategy: Strategy, loader: DataLoader[Any], replicas: int, r
                         evaluation=evaluation, worker_seed=worker_seed)
 
 
+#: the attribute a strategy keeps its count of loaders set up in (absent: none yet)
+_SETUPS = "_loader_setups"
+
+
 def _next_setup(strategy: Strategy) -> int:
     """How many loaders this attempt set up before this one (each loader's shuffle seed
     mixes it in, so loaders set up one after another shuffle apart). Kept on the
     strategy and counted from 0 again at every launch and attempt: rank 0 of the script
     launcher runs them all in one process, and a count that lived on would change the
     data order of a restarted attempt."""
-    count = int(getattr(strategy, "_loader_setups", 0))
-    strategy._loader_setups = count + 1
+    count = int(getattr(strategy, _SETUPS, 0))
+    setattr(strategy, _SETUPS, count + 1)
     return count
 
 
