@@ -3,8 +3,10 @@ layout's share, the refusal and its choices, and bad input in one line."""
 
 from __future__ import annotations
 
+import gc
 import pickle
 import re
+import weakref
 from typing import Any
 
 import pytest
@@ -423,6 +425,70 @@ def test_model_shape_reads_a_meta_model_and_its_units() -> None:
     assert interlock.model_shape(model, units=()).largest_unit == shape.parameters
 
 
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+def test_model_shape_measures_activations_from_a_sample(device: str) -> None:
+    with torch.device(device):
+        model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+        batch = torch.ones(4, 16)
+    shape = interlock.model_shape(model, sample=batch)
+    # per sample: the first layer's input (16 floats), the ReLU's output that the second
+    # layer saves too (32, counted once), the output (8); the weights are not counted
+    assert shape.activation_bytes_per_sample == (16 + 32 + 8) * 4
+    assert shape.largest_activation_bytes_per_sample == 32 * 4
+
+
+def test_model_shape_measures_an_autocast_forward() -> None:
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        half = interlock.model_shape(model, sample=torch.ones(4, 16))
+    # under autocast the layers save bfloat16 copies: the input's copy, the ReLU's output
+    # and the bfloat16 output, and the second layer its weight's bfloat16 copy, which
+    # only autocast holds (the first layer's is not needed: its input takes no gradient)
+    assert half.activation_bytes_per_sample == (16 + 32 + 8) * 2 + 32 * 8 * 2 // 4
+
+
+def test_the_backward_passs_gradients_in_flight_are_added_for_the_largest_tensor() -> None:
+    shape = ModelShape(parameters=1000, activation_bytes_per_sample=100,
+                       largest_activation_bytes_per_sample=30)
+    memory = interlock.plan(accelerator="cpu", devices=1, model=shape, optimizer="sgd",
+                            micro_batch_size=4).memory
+    assert memory is not None and memory.activation_bytes == (100 + 2 * 30) * 4
+    with pytest.raises(ValueError, match="at most activation_bytes_per_sample"):
+        ModelShape(parameters=1000, activation_bytes_per_sample=10,
+                   largest_activation_bytes_per_sample=30)
+    with pytest.raises(ValueError, match="give activation_bytes_per_sample too"):
+        ModelShape(parameters=1000, largest_activation_bytes_per_sample=30)
+
+
+def test_measuring_activations_leaves_no_graph_alive() -> None:
+    class Keeps(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(8, 8)
+            self.seen: list[weakref.ref[torch.Tensor]] = []
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            hidden = torch.relu(self.layer(x))
+            self.seen.append(weakref.ref(hidden))
+            out: torch.Tensor = self.layer(hidden)
+            return out
+
+    model = Keeps()
+    gc.disable()  # freed by reference counts alone, not by a collection that may not come
+    try:
+        interlock.model_shape(model, sample=torch.ones(2, 8))
+        assert model.seen[0]() is None, "the measured forward's graph outlived it"
+    finally:
+        gc.enable()
+
+
+def test_model_shape_leaves_the_parameters_out_of_the_activations() -> None:
+    model = nn.Linear(64, 64, bias=False)
+    # the backward saves the input and the weight; the weight is the model's own
+    assert interlock.model_shape(model, sample=torch.ones(2, 64)
+                                 ).activation_bytes_per_sample == (64 + 64) * 4
+
+
 def test_model_shape_refuses_what_it_cannot_measure() -> None:
     with pytest.raises(ValueError, match="no trainable parameters"):
         interlock.model_shape(nn.ReLU())
@@ -430,4 +496,9 @@ def test_model_shape_refuses_what_it_cannot_measure() -> None:
         interlock.model_shape(nn.Linear(2, 2), tensor_parallel={"nope": "colwise"})
     with pytest.raises(ValueError, match="style 'diagonal'"):
         interlock.model_shape(nn.Linear(2, 2), tensor_parallel={"": "diagonal"})
+    with pytest.raises(ValueError, match="expected a batch"):
+        interlock.model_shape(nn.Linear(2, 2), sample=torch.tensor(1.0))
+    with pytest.raises(ValueError, match="not both"):
+        interlock.model_shape(nn.Linear(2, 2), sample=torch.ones(1, 2),
+                              activation_bytes_per_sample=8)
 

@@ -8,7 +8,7 @@ a 70B model is sized on a laptop. torch is imported only when this is called.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from interlock.connector.model import ModelShape
 
@@ -25,7 +25,8 @@ TENSOR_PARALLEL_STYLES: Mapping[str, tuple[str, ...]] = {
 
 def model_shape(module: nn.Module, *, units: Iterable[type[nn.Module]] | None = None,
                 tensor_parallel: Mapping[str, str] | int | None = None,
-                activation_bytes_per_sample: int | None = None) -> ModelShape:
+                activation_bytes_per_sample: int | None = None,
+                sample: Any = None) -> ModelShape:
     """Measure ``module``'s `ModelShape` (tied parameters counted once).
 
     Args:
@@ -37,13 +38,27 @@ def model_shape(module: nn.Module, *, units: Iterable[type[nn.Module]] | None = 
         tensor_parallel: the weights a tensor-parallel plan splits: a plan mapping
             submodule names to ``"colwise"`` or ``"rowwise"`` (as given to
             ``parallelize_module``), or the count of split elements; None for none.
-        activation_bytes_per_sample: passed on to the shape (it cannot be read from the
-            module: it depends on the data).
+        activation_bytes_per_sample: passed on to the shape, when known otherwise.
+        sample: one micro-batch of input (a tensor, or a tuple of the forward's
+            arguments) to measure ``activation_bytes_per_sample`` with: the forward
+            runs once with autograd on, and the tensors it saves for the backward pass
+            (each storage once; the module's parameters and buffers left out, they are
+            counted apart) and its output (a loss keeps a tensor of that size) are
+            added up and divided by the batch, the first dimension of the first
+            tensor; the largest of them gives ``largest_activation_bytes_per_sample``.
+            Give the micro-batch the plan is for: what does not grow with the batch
+            (autocast's half-precision copies of the weights) is then counted once.
+            Give a module whose forward returns the loss to count what the loss keeps.
+            On the meta device nothing is allocated; elsewhere the forward really runs,
+            with that device's kernels (attention kernels keep less than the meta
+            device's reference path). Run it under ``torch.autocast`` to
+            measure a mixed-precision forward.
 
     Raises:
         ValueError: the module has no trainable parameters, a plan names a submodule it
-            lacks or a style other than ``colwise`` and ``rowwise``, or ``units`` holds
-            something other than module classes.
+            lacks or a style other than ``colwise`` and ``rowwise``, ``units`` holds
+            something other than module classes, a sample has no batch dimension, or
+            both ``sample`` and ``activation_bytes_per_sample`` are given.
     """
     import torch
     from torch import nn
@@ -58,6 +73,13 @@ def model_shape(module: nn.Module, *, units: Iterable[type[nn.Module]] | None = 
     if not trainable:
         raise ValueError(f"model_shape(): {type(module).__name__} has no trainable "
                          "parameters: there is nothing to train, and nothing to estimate")
+    if sample is not None:
+        if activation_bytes_per_sample is not None:
+            raise ValueError("model_shape(): give sample= or activation_bytes_per_sample=, "
+                             "not both")
+        activation_bytes_per_sample, largest = _activations_per_sample(module, sample)
+    else:
+        largest = None
     by_dtype: dict[str, int] = {}
     for p in trainable:
         name = str(p.dtype).removeprefix("torch.")
@@ -79,7 +101,50 @@ def model_shape(module: nn.Module, *, units: Iterable[type[nn.Module]] | None = 
         largest_unit=None if units is None else _largest_unit(module, tuple(units)),
         tensor_rows=tuple((p.shape[0] if p.dim() else 1, p.numel()) for p in trainable),
         activation_bytes_per_sample=activation_bytes_per_sample,
+        largest_activation_bytes_per_sample=largest,
     )
+
+
+def _activations_per_sample(module: nn.Module, sample: Any) -> tuple[int, int]:
+    """Bytes autograd saves for the backward pass in one forward of ``sample``, plus the
+    output's, per sample of its batch; and the largest of those tensors', per sample."""
+    import torch
+
+    args = sample if isinstance(sample, tuple) else (sample,)
+    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if first is None or first.dim() == 0 or first.shape[0] == 0:
+        raise ValueError("model_shape(sample=...): expected a batch, a tensor (or a tuple "
+                         "of arguments holding one) whose first dimension counts samples")
+    batch = int(first.shape[0])
+    owned = {t.untyped_storage()._cdata for t in (*module.parameters(), *module.buffers())}
+    saved: dict[int, int] = {}
+    # the storages counted, held until the forward is over so that none is freed and its
+    # address taken by a later one (which would then count as seen)
+    held: list[torch.UntypedStorage] = []
+
+    def note(tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        if storage._cdata not in owned and storage._cdata not in saved:
+            saved[storage._cdata] = storage.nbytes()
+            held.append(storage)
+
+    def pack(tensor: torch.Tensor) -> None:
+        # nothing is kept for a backward pass that never runs: keeping the tensor would
+        # tie the graph into a reference cycle, alive until the garbage collector runs
+        note(tensor)
+
+    def unpack(_: None) -> torch.Tensor:
+        raise RuntimeError("model_shape(sample=...) runs no backward pass")
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        output = module(*args)
+    outputs = output if isinstance(output, (tuple, list)) else (output,)
+    for tensor in outputs:
+        if isinstance(tensor, torch.Tensor):
+            note(tensor)
+    del output, outputs
+    held.clear()
+    return -(-sum(saved.values()) // batch), -(-max(saved.values(), default=0) // batch)
 
 
 def _layers(module: nn.Sequential) -> tuple[int, ...]:

@@ -405,15 +405,21 @@ def strategy_buffers(shape: ModelShape, share: Share, sizes: Dtypes, traits: Mem
 
 def activations(shape: ModelShape, degrees: Parallelism,
                 micro_batch_size: int | None) -> tuple[int | None, str]:
-    """Activations kept for the backward pass, and the rule's words."""
+    """Activations kept for the backward pass (with the gradients in flight at its start
+    where the shape says its largest tensor), and the rule's words."""
     per_sample = shape.activation_bytes_per_sample
     if per_sample is None or micro_batch_size is None:
         missing = [n for n, v in (("the shape's activation_bytes_per_sample", per_sample),
                                   ("micro_batch_size", micro_batch_size)) if v is None]
         return None, f"not estimated: {' and '.join(missing)} not given"
     split = int(degrees.tp) * int(degrees.cp)
-    total = math.ceil(per_sample * micro_batch_size / split)
-    words = f"{per_sample:,} bytes per sample x micro-batch {micro_batch_size}"
+    largest = shape.largest_activation_bytes_per_sample or 0
+    total = math.ceil((per_sample + 2 * largest) * micro_batch_size / split)
+    words = f"{per_sample:,} bytes per sample"
+    if largest:
+        words += (f" and twice the largest, {largest:,} (the gradients in flight when the "
+                  "backward pass starts)")
+    words += f" x micro-batch {micro_batch_size}"
     if split > 1:
         words += f", split over tp x cp = {split}"
     if int(degrees.pp) > 1:

@@ -84,6 +84,11 @@ class ModelShape:
             backward pass on one rank without tensor, context or pipeline parallelism.
             None: activations are not estimated (``Plan.memory.activation_bytes`` is
             None) and nothing is refused for them.
+        largest_activation_bytes_per_sample: the largest single tensor among those, per
+            sample. When the backward pass starts, its gradient and the gradient of the
+            tensor it was computed from exist beside every activation (a language
+            model's logits: the loss's gradient and the logits' own), so twice this is
+            added to the activations. None: not added.
 
     Raises:
         ValueError: a size that is negative, not an integer, absurd (beyond
@@ -102,6 +107,7 @@ class ModelShape:
     largest_unit: int | None = None
     tensor_rows: tuple[tuple[int, int], ...] = field(default=(), repr=False)
     activation_bytes_per_sample: int | None = None
+    largest_activation_bytes_per_sample: int | None = None
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -134,6 +140,15 @@ class ModelShape:
             put(self, "activation_bytes_per_sample",
                 _count("activation_bytes_per_sample", self.activation_bytes_per_sample,
                        most=MAX_BYTES, what="a size in bytes"))
+        if self.largest_activation_bytes_per_sample is not None:
+            if self.activation_bytes_per_sample is None:
+                raise ValueError("ModelShape.largest_activation_bytes_per_sample is one of "
+                                 "the activations: give activation_bytes_per_sample too")
+            put(self, "largest_activation_bytes_per_sample",
+                _count("largest_activation_bytes_per_sample",
+                       self.largest_activation_bytes_per_sample,
+                       most=self.activation_bytes_per_sample,
+                       what="a size in bytes, at most activation_bytes_per_sample"))
 
     def _layers(self) -> tuple[int, ...]:
         if not isinstance(self.layers, (tuple, list)):
@@ -178,7 +193,8 @@ class ModelShape:
         # only what differs from the defaults: a refusal quotes the shape it was given
         given = []
         for name in ("parameters", "dtype", "frozen_parameters", "buffer_bytes", "tensors",
-                     "tensor_parallel", "largest_unit", "activation_bytes_per_sample"):
+                     "tensor_parallel", "largest_unit", "activation_bytes_per_sample",
+                     "largest_activation_bytes_per_sample"):
             value = getattr(self, name)
             if name == "parameters" or value != _DEFAULTS[name]:
                 given.append(f"{name}={value!r}")
@@ -211,12 +227,15 @@ class ModelShape:
             "layers": len(self.layers), "largest_unit": self.largest_unit,
             "tensor_rows": len(self.tensor_rows),
             "activation_bytes_per_sample": self.activation_bytes_per_sample,
+            "largest_activation_bytes_per_sample":
+                self.largest_activation_bytes_per_sample,
         }
 
 
 _DEFAULTS: Mapping[str, object] = MappingProxyType({
     "dtype": "float32", "frozen_parameters": 0, "buffer_bytes": 0, "tensors": None,
-    "tensor_parallel": 0, "largest_unit": None, "activation_bytes_per_sample": None})
+    "tensor_parallel": 0, "largest_unit": None, "activation_bytes_per_sample": None,
+    "largest_activation_bytes_per_sample": None})
 
 
 def _elements(count: int) -> str:

@@ -227,7 +227,8 @@ def _activations(ctx: MemoryDraft) -> str:
 
 MEMORY_ACTIVATIONS: Decision[MemoryDraft] = Decision(
     id="memory/activations",
-    doc="Activations kept for backward: the shape's bytes per sample times the micro-batch, "
+    doc="Activations kept for backward: the shape's bytes per sample (and twice its largest "
+    "tensor's, for the gradients in flight when backward starts) times the micro-batch, "
     "split over tp x cp; unknown without both.",
     rules=(
         Rule(id="memory/activations-estimated", doc="Both are given.",
