@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from interlock.connector.memory import REPLICATED, MemoryTraits
 from interlock.connector.specs import StrategySpec
-from interlock.connector.tables import PRECISION_NAMES
+from interlock.connector.tables import (
+    PRECISION_NAMES,
+    SHARDED_PRECISIONS,
+    TENSOR_PARALLEL_PRECISIONS,
+    XLA_PRECISIONS,
+)
 
 _ALL = frozenset(PRECISION_NAMES)
-_SHARDED = frozenset(("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed"))
-_TENSOR_PARALLEL = frozenset(("32-true", "16-true", "bf16-true", "bf16-mixed"))
-_XLA = frozenset(("32-true", "16-true", "bf16-true"))
+_SHARDED = frozenset(SHARDED_PRECISIONS)
+_TENSOR_PARALLEL = frozenset(TENSOR_PARALLEL_PRECISIONS)
+_XLA = frozenset(XLA_PRECISIONS)
 
 _DDP = "interlock.strategies.ddp:DDPStrategy"
 #: what the conformance suite checks beyond the basics (see specs.CAPABILITIES)

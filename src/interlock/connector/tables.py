@@ -151,6 +151,18 @@ NUMERIC_PRECISIONS: frozenset[str] = frozenset(
     ("64-true", "32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")
 )
 
+#: What a strategy that shards its parameters trains in (FSDP2, DeepSpeed's ZeRO): the
+#: numeric precisions but float64, which their collectives and policies leave out.
+SHARDED_PRECISIONS: tuple[str, ...] = ("32-true", "16-true", "bf16-true", "16-mixed",
+                                       "bf16-mixed")
+#: What model_parallel (tensor parallel, pipelines) trains in: the sharded ones but
+#: 16-mixed, whose gradient scaler a pipeline cannot drive (`PIPELINE_PRECISION_REASON`).
+TENSOR_PARALLEL_PRECISIONS: tuple[str, ...] = ("32-true", "16-true", "bf16-true",
+                                               "bf16-mixed")
+#: What XLA devices train in: the true precisions but float64 (no autocast and no loss
+#: scaler on XLA).
+XLA_PRECISIONS: tuple[str, ...] = ("32-true", "16-true", "bf16-true")
+
 #: Legacy spellings and what they mean. Keys are matched by exact type: the int 16
 #: and the string "16" are aliases, the float 16.0 and the bool True are not.
 LEGACY_PRECISIONS: Mapping[int | str, str] = MappingProxyType(
@@ -251,7 +263,7 @@ ACCELERATORS: tuple[AcceleratorRow, ...] = (
         name="xla", machine_fact="xla_devices", requires=("torch_xla",), backend="xla",
         factory="interlock.strategies.accelerators.xla:XLAAccelerator", checkpoint_io="xla",
         runner="tpu",
-        precisions=frozenset(("32-true", "16-true", "bf16-true")),
+        precisions=frozenset(XLA_PRECISIONS),
         description="TPU cores (or other PJRT devices) through torch_xla",
     ),
 )
@@ -463,8 +475,20 @@ def _slurm_detect(env: Mapping[str, str]) -> bool:
     return "SLURM_NTASKS" in env and slurm_step(env)
 
 
+#: What an MPI launcher exports to every rank: world size, global rank, local rank and
+#: local size, from Open MPI and from PMI-based MPIs (MPICH, Intel MPI: Hydra exports
+#: PMI_* and MPI_LOCAL*), in that order
+OPEN_MPI_VARIABLES: tuple[str, str, str, str] = (
+    "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+)
+PMI_VARIABLES: tuple[str, str, str, str] = (
+    "PMI_SIZE", "PMI_RANK", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
+)
+
+
 def _mpi_detect(env: Mapping[str, str]) -> bool:
-    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+    for name in (OPEN_MPI_VARIABLES[0], PMI_VARIABLES[0]):
         value = env.get(name, "").strip()
         if value.isascii() and value.isdigit() and int(value) > 1:
             return True
@@ -587,14 +611,10 @@ CLUSTERS: tuple[ClusterRow, ...] = (
         factory="interlock.strategies.environments.mpi:MPIEnvironment",
         detect_doc="OMPI_COMM_WORLD_SIZE or PMI_SIZE is greater than 1",
         external=True,
-        variables=(
-            "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
-            "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS",
-            "MPI_LOCALRANKID",
-        ),
-        world_size_vars=("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"),
-        local_size_vars=("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"),
-        local_rank_vars=("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"),
+        variables=(*OPEN_MPI_VARIABLES, *PMI_VARIABLES),
+        world_size_vars=(OPEN_MPI_VARIABLES[0], PMI_VARIABLES[0]),
+        local_size_vars=(OPEN_MPI_VARIABLES[3], PMI_VARIABLES[3]),
+        local_rank_vars=(OPEN_MPI_VARIABLES[2], PMI_VARIABLES[2]),
         description="mpirun / mpiexec (Open MPI or a PMI-based MPI); mpi4py not needed",
     ),
     ClusterRow(

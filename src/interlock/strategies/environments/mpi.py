@@ -7,20 +7,13 @@ from collections.abc import Mapping
 
 from interlock.connector.errors import ResolutionError
 from interlock.connector.parts import cluster_detected
+from interlock.connector.tables import OPEN_MPI_VARIABLES, PMI_VARIABLES
 from interlock.strategies.environments._external import ExternalEnvironment
 from interlock.strategies.environments._variables import (
     port_from_job,
     read_int,
     read_port,
 )
-
-#: (world size, global rank, local rank, local size) for Open MPI and for PMI-based MPIs
-#: (MPICH, Intel MPI: Hydra exports PMI_* and MPI_LOCAL*).
-_OPEN_MPI = (
-    "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-)
-_PMI = ("PMI_SIZE", "PMI_RANK", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
 
 #: Variables identifying the job, identical in every rank of it: PMIx's namespace (Open MPI
 #: 5, PRRTE, srun --mpi=pmix) and Open MPI 4's launcher URI and job id.
@@ -49,7 +42,7 @@ class MPIEnvironment(ExternalEnvironment):
     name = "mpi"
 
     def _names(self) -> tuple[str, str, str, str]:
-        return _OPEN_MPI if _OPEN_MPI[0] in self.environ else _PMI
+        return OPEN_MPI_VARIABLES if OPEN_MPI_VARIABLES[0] in self.environ else PMI_VARIABLES
 
     def local_size(self) -> int:
         """Number of ranks on this node."""

@@ -17,14 +17,12 @@ from typing import Any
 
 import torch
 
-from interlock.connector.tables import PRECISION_ROWS
+from interlock.connector.tables import PRECISION_ROWS, SHARDED_PRECISIONS
 from interlock.strategies.precision.base import Precision
 from interlock.strategies.precision.utils import cast_floating, default_dtype
 
-#: the precisions DeepSpeed implements
-DEEPSPEED_PRECISIONS: tuple[str, ...] = (
-    "32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed",
-)
+#: the precisions DeepSpeed implements (the engine's sharded set)
+DEEPSPEED_PRECISIONS: tuple[str, ...] = SHARDED_PRECISIONS
 
 
 class LossScale:

@@ -18,15 +18,15 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.optim import Optimizer
 
-from interlock.connector.tables import PRECISION_ROWS
+from interlock.connector.tables import PRECISION_ROWS, SHARDED_PRECISIONS
 from interlock.strategies.precision.base import Precision
 from interlock.strategies.precision.half import HalfPrecision
 from interlock.strategies.precision.mixed import MixedPrecision
 from interlock.strategies.precision.true import TruePrecision
 
-#: the precisions FSDP2 supports here (float64 is left out: FSDP2's collectives and
-#: the policy are float32-and-below); the others are refused by the engine's rows
-FSDP_PRECISIONS: tuple[str, ...] = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")
+#: the precisions FSDP2 supports here (the engine's sharded set: float64 is left out,
+#: FSDP2's collectives and the policy are float32-and-below)
+FSDP_PRECISIONS: tuple[str, ...] = SHARDED_PRECISIONS
 
 
 class FSDPPrecision(Precision):

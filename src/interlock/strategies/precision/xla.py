@@ -7,12 +7,9 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
-from interlock.connector.tables import PRECISION_ROWS
+from interlock.connector.tables import PRECISION_ROWS, XLA_PRECISIONS
 from interlock.strategies.precision.half import HalfPrecision
 from interlock.strategies.precision.true import TruePrecision
-
-#: the precisions XLA devices run here (no autocast and no loss scaler on XLA)
-XLA_PRECISIONS: tuple[str, ...] = ("32-true", "16-true", "bf16-true")
 
 
 class XLAPrecision(TruePrecision):
