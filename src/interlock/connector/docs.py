@@ -203,8 +203,11 @@ def render_rules_markdown() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Write docs/rules.md under the given root (default: the current directory)."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    root = Path(args[0]) if args else Path.cwd()
+    from interlock.output_files import checkout_root
+
+    root = checkout_root(None if argv is None else list(argv),
+                         "python -m interlock.connector.docs", "docs/rules.md from the "
+                         "engine's tables")
     path = root / RULES_PATH
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".md.tmp")

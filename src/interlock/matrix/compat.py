@@ -1396,8 +1396,12 @@ def _write(path: Path, text: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Write docs/compatibility.md and .html under ROOT (default: the current
     directory), reading every conformance report in ROOT/docs."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    root = Path(args[0]) if args else Path.cwd()
+    from interlock.output_files import checkout_root
+
+    root = checkout_root(None if argv is None else list(argv),
+                         "python -m interlock.matrix.compat",
+                         "docs/compatibility.md and .html, reading every conformance "
+                         "report in ROOT/docs")
     reports = root / DOCS_DIR
     for path, text in ((root / MARKDOWN_PATH, render_markdown(report=reports)),
                        (root / HTML_PATH, render_html(report=reports))):

@@ -165,9 +165,10 @@ def render_markdown() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Write docs/memory-fits.md under ROOT (default: the current directory)."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    root = Path(args[0]) if args else Path.cwd()
-    from interlock.output_files import write_text
+    from interlock.output_files import checkout_root, write_text
+
+    root = checkout_root(None if argv is None else list(argv),
+                         "python -m interlock.matrix.fits", "docs/memory-fits.md")
 
     path = write_text(root / FITS_PATH, render_markdown())
     print(f"wrote {path}")
