@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class Strategy(Protocol):
+class SavingStrategy(Protocol):
     """What checkpoint files need of a strategy (`interlock.strategies.base.Strategy`,
     which calls these functions, and so is not imported here): its ranks, collectives,
     precision and checkpoint IO."""
@@ -107,13 +107,13 @@ _OPTIMIZER_FULL_FROM_RANK0 = StateDictOptions(full_state_dict=True,
 _OPTIMIZER_SHARDED = StateDictOptions(strict=False)
 
 
-def save(strategy: Strategy, path: str | Path, state: Mapping[str, Any],
+def save(strategy: SavingStrategy, path: str | Path, state: Mapping[str, Any],
          *, distributed: bool) -> None:
     """A sharded strategy's save: a distributed directory, or one full file."""
     (save_distributed if distributed else save_full)(strategy, path, state)
 
 
-def load(strategy: Strategy, path: str | Path, state: dict[str, Any],
+def load(strategy: SavingStrategy, path: str | Path, state: dict[str, Any],
          *, weights_only: bool = True, verify: bool = True) -> dict[str, Any]:
     """A sharded strategy's load: a distributed directory (any world size) or a full
     file (read on rank 0, scattered)."""
@@ -212,7 +212,7 @@ def optimizer_state_by_name(state: dict[str, Any], optimizer: Optimizer,
 # ------------------------------------------------------------------ full checkpoints
 
 
-def save_full(strategy: Strategy, path: str | Path, state: Mapping[str, Any]) -> None:
+def save_full(strategy: SavingStrategy, path: str | Path, state: Mapping[str, Any]) -> None:
     """Gather sharded state to rank 0 and write one file there (a collective)."""
     owners = optimizer_owners(state)
     checkpoint: dict[str, Any] = {}
@@ -231,7 +231,7 @@ def save_full(strategy: Strategy, path: str | Path, state: Mapping[str, Any]) ->
     strategy.barrier()
 
 
-def load_full(strategy: Strategy, path: str | Path, state: dict[str, Any],
+def load_full(strategy: SavingStrategy, path: str | Path, state: dict[str, Any],
               *, weights_only: bool = True, verify: bool = True) -> dict[str, Any]:
     """Read a full checkpoint on rank 0 and scatter it into sharded modules (a collective).
 
@@ -320,7 +320,7 @@ def missing_entries(path: str | Path, saved: Mapping[str, Any] | set[str],
     )
 
 
-def runtime_entries(strategy: Strategy) -> dict[str, Any]:
+def runtime_entries(strategy: SavingStrategy) -> dict[str, Any]:
     """What every checkpoint carries besides the state given: the precision's state
     (a grad scaler's), and every rank's random state (a collective where there are
     several ranks; see `interlock.strategies.random_state`)."""
@@ -332,7 +332,7 @@ def runtime_entries(strategy: Strategy) -> dict[str, Any]:
     return entries
 
 
-def _restore_plain(strategy: Strategy, state: dict[str, Any],
+def _restore_plain(strategy: SavingStrategy, state: dict[str, Any],
                    rest: dict[str, Any]) -> dict[str, Any]:
     precision_state = rest.pop(PRECISION_KEY, None)
     if precision_state is not None:
@@ -480,7 +480,7 @@ class Snapshot:
     half-way can be undone: module tensors (this rank's shards, in host memory),
     optimizer state and settings, the precision's state and the plain values."""
 
-    def __init__(self, strategy: Strategy, state: Mapping[str, Any]) -> None:
+    def __init__(self, strategy: SavingStrategy, state: Mapping[str, Any]) -> None:
         self.strategy = strategy
         self.modules: dict[str, dict[str, torch.Tensor]] = {}
         self.optimizers: dict[str, tuple[dict[Any, dict[str, Any]],
@@ -528,7 +528,7 @@ class Snapshot:
 
 
 @contextmanager
-def restoring(strategy: Strategy, path: str | Path, state: dict[str, Any]) -> Iterator[None]:
+def restoring(strategy: SavingStrategy, path: str | Path, state: dict[str, Any]) -> Iterator[None]:
     """Run a restore into ``state``; if it fails half-way, roll everything it may have
     changed back and raise :class:`CheckpointLoadError` (a KeyboardInterrupt is rolled
     back and re-raised as itself)."""
@@ -556,7 +556,7 @@ def restoring(strategy: Strategy, path: str | Path, state: dict[str, Any]) -> It
 # ------------------------------------------------------------------ distributed checkpoints
 
 
-def split_state(strategy: Strategy, state: Mapping[str, Any]
+def split_state(strategy: SavingStrategy, state: Mapping[str, Any]
                 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """What a distributed checkpoint holds: the modules' and optimizers' state dicts
     (sharded tensors, for ``torch.distributed.checkpoint``) and the plain values with
@@ -575,7 +575,7 @@ def split_state(strategy: Strategy, state: Mapping[str, Any]
     return tensors, plain
 
 
-def save_distributed(strategy: Strategy, path: str | Path, state: Mapping[str, Any]) -> None:
+def save_distributed(strategy: SavingStrategy, path: str | Path, state: Mapping[str, Any]) -> None:
     """Write a distributed checkpoint directory at ``path`` (a collective).
 
     Every rank writes its own shards into a staging directory; rank 0 adds the plain
@@ -621,7 +621,7 @@ def _remove(path: Path) -> None:
 
 
 
-def load_distributed(strategy: Strategy, path: str | Path, state: dict[str, Any],
+def load_distributed(strategy: SavingStrategy, path: str | Path, state: dict[str, Any],
                      *, weights_only: bool = True, verify: bool = True) -> dict[str, Any]:
     """Load a distributed checkpoint into ``state``, at any world size (a collective
     when a process group exists). Returns the plain entries ``state`` did not name.
@@ -695,13 +695,13 @@ def load_distributed(strategy: Strategy, path: str | Path, state: dict[str, Any]
         return _restore_plain(strategy, state, plain)
 
 
-def pipeline_stages(strategy: Strategy) -> int:
+def pipeline_stages(strategy: SavingStrategy) -> int:
     """How many pipeline stages ``strategy`` splits models into (1 for most)."""
     degrees = getattr(strategy, "parallelism", None)
     return int(getattr(degrees, "pp", 1))
 
 
-def _held_elsewhere(strategy: Strategy, targets: Mapping[str, Any],
+def _held_elsewhere(strategy: SavingStrategy, targets: Mapping[str, Any],
                     state: Mapping[str, Any]) -> dict[str, set[str]]:
     """Per module, the keys other ranks hold and this one does not: a pipeline stage
     has only its own layers, and a checkpoint's other layers are the other stages'

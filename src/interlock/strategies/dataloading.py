@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class Strategy(Protocol):
+class LoaderStrategy(Protocol):
     """What sharding a loader needs of a strategy (`interlock.strategies.base.Strategy`,
     which calls these functions, and so is not imported here)."""
 
@@ -92,7 +92,7 @@ class StrategyDataLoader:
         move_to_device: whether batches are moved to the strategy's root device.
     """
 
-    def __init__(self, loader: DataLoader[Any], strategy: Strategy, *, move_to_device: bool,
+    def __init__(self, loader: DataLoader[Any], strategy: LoaderStrategy, *, move_to_device: bool,
                  evaluation: bool) -> None:
         self.loader = loader
         self.evaluation = evaluation
@@ -149,7 +149,7 @@ class StrategyDataLoader:
                 f"evaluation={self.evaluation})")
 
 
-def setup_dataloader(strategy: Strategy, loader: DataLoader[Any], *,
+def setup_dataloader(strategy: LoaderStrategy, loader: DataLoader[Any], *,
                      move_to_device: bool = True, evaluation: bool = False
                      ) -> StrategyDataLoader:
     """``loader`` for this rank (what ``Strategy.setup_dataloader`` does).
@@ -180,7 +180,7 @@ def setup_dataloader(strategy: Strategy, loader: DataLoader[Any], *,
                               evaluation=evaluation)
 
 
-def _for_this_rank(strategy: Strategy, loader: DataLoader[Any], replicas: int, rank: int,
+def _for_this_rank(strategy: LoaderStrategy, loader: DataLoader[Any], replicas: int, rank: int,
                    evaluation: bool) -> DataLoader[Any]:
     if isinstance(loader.dataset, IterableDataset):
         if replicas == 1:
@@ -224,7 +224,7 @@ def _for_this_rank(strategy: Strategy, loader: DataLoader[Any], replicas: int, r
 _SETUPS = "_loader_setups"
 
 
-def _next_setup(strategy: Strategy) -> int:
+def _next_setup(strategy: LoaderStrategy) -> int:
     """How many loaders this attempt set up before this one (each loader's shuffle seed
     mixes it in, so loaders set up one after another shuffle apart). Kept on the
     strategy and counted from 0 again at every launch and attempt: rank 0 of the script

@@ -33,7 +33,7 @@ from types import FrameType, TracebackType
 from typing import Any, NoReturn, Protocol
 
 
-class Strategy(Protocol):
+class PreemptibleStrategy(Protocol):
     """What a guard needs of a strategy (`interlock.strategies.base.Strategy`, whose
     launchers use guards, and so is not imported here)."""
 
@@ -97,7 +97,7 @@ class PreemptionGuard:
         """Whether this process has received one of the signals."""
         return self.signum is not None
 
-    def should_stop(self, strategy: Strategy) -> bool:
+    def should_stop(self, strategy: PreemptibleStrategy) -> bool:
         """Whether any rank has received a signal: a collective, so every rank must
         call it at the same point (once per step) and all get the same answer."""
         return strategy.reduce_boolean_decision(self.requested, all=False)
