@@ -8,7 +8,6 @@ interrupted or failed write never leaves a half-written file.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import stat
@@ -87,16 +86,3 @@ def _mode_for(path: Path) -> int:
         mask = os.umask(0)
         os.umask(mask)
         return 0o666 & ~mask
-
-
-def checkout_root(argv: list[str] | None, prog: str, writes: str) -> Path:
-    """The checkout a generator of docs writes into: its one optional argument (default:
-    the current directory), which must be a directory. ``--help`` prints the usage and
-    exits 0; anything else that is not a directory exits 2 with one line."""
-    parser = argparse.ArgumentParser(prog=prog, description=f"Write {writes}.")
-    parser.add_argument("root", nargs="?", type=Path, default=Path.cwd(),
-                        help="the checkout to write into (default: the current directory)")
-    root: Path = parser.parse_args(argv).root
-    if not root.is_dir():
-        parser.error(f"{root} is not a directory")
-    return root

@@ -7,6 +7,7 @@ strategy table lists the built-in strategies for the same reason).
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -201,10 +202,22 @@ def render_rules_markdown() -> str:
     return "\n".join(out)
 
 
+def checkout_root(argv: list[str] | None, prog: str, writes: str) -> Path:
+    """The checkout a generator of docs pages writes into: its one optional argument
+    (default: the current directory), which must be a directory. ``--help`` prints the
+    usage and exits 0; anything else that is not a directory exits 2 with one line.
+    (The pages of the matrix take their argument here too.)"""
+    parser = argparse.ArgumentParser(prog=prog, description=f"Write {writes}.")
+    parser.add_argument("root", nargs="?", type=Path, default=Path.cwd(),
+                        help="the checkout to write into (default: the current directory)")
+    root: Path = parser.parse_args(argv).root
+    if not root.is_dir():
+        parser.error(f"{root} is not a directory")
+    return root
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Write docs/rules.md under the given root (default: the current directory)."""
-    from interlock.output_files import checkout_root
-
     root = checkout_root(None if argv is None else list(argv),
                          "python -m interlock.connector.docs", "docs/rules.md from the "
                          "engine's tables")

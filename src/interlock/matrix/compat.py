@@ -1396,7 +1396,7 @@ def _write(path: Path, text: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Write docs/compatibility.md and .html under ROOT (default: the current
     directory), reading every conformance report in ROOT/docs."""
-    from interlock.output_files import checkout_root
+    from interlock.connector.docs import checkout_root
 
     root = checkout_root(None if argv is None else list(argv),
                          "python -m interlock.matrix.compat",

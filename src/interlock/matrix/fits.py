@@ -165,7 +165,8 @@ def render_markdown() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Write docs/memory-fits.md under ROOT (default: the current directory)."""
-    from interlock.output_files import checkout_root, write_text
+    from interlock.connector.docs import checkout_root
+    from interlock.output_files import write_text
 
     root = checkout_root(None if argv is None else list(argv),
                          "python -m interlock.matrix.fits", "docs/memory-fits.md")
