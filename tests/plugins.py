@@ -4,32 +4,32 @@ from __future__ import annotations
 
 
 class BF16Plugin:
-    interlock_plugin_kind = "precision"
+    interlock_part_kind = "precision"
     precision = "bf16-mixed"
 
 
 class HalfTruePlugin:
-    interlock_plugin_kind = "precision"
+    interlock_part_kind = "precision"
     precision = "16-true"
 
 
 class BadPrecisionPlugin:
-    interlock_plugin_kind = "precision"
+    interlock_part_kind = "precision"
     precision = "fp8"
 
 
 class MyCheckpointIO:
-    interlock_plugin_kind = "checkpoint_io"
+    interlock_part_kind = "checkpoint_io"
 
 
 class MyCluster:
-    interlock_plugin_kind = "cluster_environment"
+    interlock_part_kind = "cluster_environment"
     name = "my-cluster"
     creates_processes_externally = True
 
 
 class LocalCluster:
-    interlock_plugin_kind = "cluster_environment"
+    interlock_part_kind = "cluster_environment"
     name = "local"
     creates_processes_externally = False
 
@@ -38,13 +38,13 @@ class GridCluster:
     """A cluster environment plugin of the kind a registered ``ilk_grid`` launcher runs
     its ranks in (tests/test_rules_each.py registers it)."""
 
-    interlock_plugin_kind = "cluster_environment"
+    interlock_part_kind = "cluster_environment"
     name = "ilk_grid"
     creates_processes_externally = False
 
 
 class HalfDeclaredCluster:
-    interlock_plugin_kind = "cluster_environment"
+    interlock_part_kind = "cluster_environment"
     name = "nameless"
 
 
@@ -53,7 +53,7 @@ class NotAPlugin:
 
 
 class Fp16MixedPlugin:
-    interlock_plugin_kind = "precision"
+    interlock_part_kind = "precision"
     precision = "16-mixed"
 
 

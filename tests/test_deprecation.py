@@ -16,6 +16,7 @@ from interlock.deprecation import (
     removal_version,
     warn_deprecated,
 )
+from interlock.strategies.precision.mixed import MixedPrecision
 
 
 def test_one_whole_minor_release_warns_before_removal() -> None:
@@ -66,3 +67,20 @@ def test_moved_names_keep_old_imports_working() -> None:
         warnings.simplefilter("error")
         with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
             _ = module.nothing
+
+
+def test_a_plugin_marked_with_the_former_attribute_still_plans_and_warns() -> None:
+    class OldStylePrecision:
+        interlock_plugin_kind = "precision"  # the marker's name before 0.2.0
+        precision = "bf16-mixed"
+
+    plugin = OldStylePrecision()
+    with pytest.warns(InterlockDeprecationWarning,
+                      match=r"interlock_plugin_kind \(declared by .*OldStylePrecision\) is "
+                      r"deprecated since interlock 0.2.0 .* use interlock_part_kind"):
+        planned = interlock.plan(accelerator="cpu", devices=1, plugins=[plugin])
+    assert planned.precision == "bf16-mixed" and plugin in planned.plugins
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the runtime's own plugins use the new name
+        interlock.plan(accelerator="cpu", devices=1,
+                       plugins=[MixedPrecision("bf16-mixed", "cpu")])

@@ -346,7 +346,7 @@ def test_precision_plugin_is_checked_like_the_flag() -> None:
     ("plugins", "problem"),
     [
         ("bf16-mixed", "a string is not a plugin"),
-        ([NotAPlugin()], "declares no interlock_plugin_kind"),
+        ([NotAPlugin()], "declares no interlock_part_kind"),
         ([BF16Plugin(), HalfTruePlugin()], "two precision plugins"),
         ([MyCheckpointIO(), MyCheckpointIO()], "two checkpoint io plugins"),
         ([BadPrecisionPlugin()], "not a canonical precision"),

@@ -187,7 +187,7 @@ def test_valid_plans_are_reproduced_by_their_own_outcome(
     else:
         devices = [int(d.split(":")[1]) for d in first.parallel_devices]
     has_precision_plugin = any(
-        getattr(type(p), "interlock_plugin_kind", None) == "precision" for p in first.plugins
+        getattr(type(p), "interlock_part_kind", None) == "precision" for p in first.plugins
     )
     again = plan(
         accelerator=first.accelerator, devices=devices, strategy=first.strategy,

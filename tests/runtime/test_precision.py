@@ -395,7 +395,7 @@ def test_a_scaler_with_bf16_mixed_is_refused() -> None:
 def test_the_engine_accepts_each_plugin(name: str) -> None:
     plugin = precision_for(name, "cpu")
     assert plugin.precision in PRECISION_NAMES, f"{plugin.precision!r} is not canonical"
-    assert plugin.interlock_plugin_kind == "precision"
+    assert plugin.interlock_part_kind == "precision"
     chosen = interlock.plan(plugins=[plugin], machine=interlock.Machine())
     assert chosen.precision == name, (
         f"plan(plugins=[{type(plugin).__name__}({name!r})]) chose precision "

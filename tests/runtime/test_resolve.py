@@ -190,7 +190,7 @@ def test_resolving_an_instance_again_follows_the_new_plan() -> None:
 
 
 class _NotAPrecision:
-    interlock_plugin_kind: ClassVar[str] = "precision"
+    interlock_part_kind: ClassVar[str] = "precision"
     precision = "32-true"
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from interlock.connector.errors import ResolutionError
+from interlock.connector.stages.flags import plugin_kind
 from interlock.strategies.accelerators import Accelerator, accelerator_for
 from interlock.strategies.environments import ClusterEnvironment, environment_for
 from interlock.strategies.io import CheckpointIO, checkpoint_io_for
@@ -68,7 +69,7 @@ class Parts:
             ResolutionError: an object passed as a plugin or as the accelerator declares
                 a part kind but does not derive from interlock's class for it.
         """
-        by_kind = {getattr(type(p), "interlock_plugin_kind", None): p for p in plan.plugins}
+        by_kind = {plugin_kind(p): p for p in plan.plugins}
         for kind, base in _PLUGIN_BASES.items():
             _check(by_kind.get(kind), base, "plugins", "invalid-plugin")
         _check(plan.accelerator_instance, Accelerator, "accelerator", "unknown-accelerator")

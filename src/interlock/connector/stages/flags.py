@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar, Literal, NamedTuple
 
+from interlock.connector.deprecation import warn_deprecated
 from interlock.connector.errors import did_you_mean
 from interlock.connector.limits import (
     MAX_DEVICES_PER_NODE,
@@ -771,8 +772,16 @@ NUM_NODES_FLAG = Decision(
 
 
 def plugin_kind(obj: object) -> str | None:
-    """The kind a plugin object declares, or None if it declares none we know."""
-    kind = getattr(type(obj), "interlock_plugin_kind", None)
+    """The kind a plugin object declares (``interlock_part_kind``, as every part), or
+    None if it declares none we know. A class that declares only the marker's former
+    name, ``interlock_plugin_kind``, is still read, with a deprecation warning."""
+    kind = part_kind(obj)
+    if kind is None:
+        kind = getattr(type(obj), "interlock_plugin_kind", None)
+        if kind in PLUGIN_KINDS:
+            warn_deprecated(f"the class attribute interlock_plugin_kind (declared by "
+                            f"{type(obj).__qualname__})", replacement="interlock_part_kind",
+                            since="0.2.0")
     return kind if kind in PLUGIN_KINDS else None
 
 
@@ -796,7 +805,7 @@ def _sorted_plugins(ctx: FlagsDraft) -> Plugins | str:
         kind = plugin_kind(obj)
         if kind is None:
             return (f"{obj!r} is not a precision, checkpoint IO or cluster environment plugin "
-                    "(its class declares no interlock_plugin_kind)")
+                    "(its class declares no interlock_part_kind)")
         if kind in by_kind:
             return f"two {kind.replace('_', ' ')} plugins were given; pass one"
         if kind == "precision" and (

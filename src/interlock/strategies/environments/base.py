@@ -15,6 +15,9 @@ class ClusterEnvironment(ABC):
     detection and geometry checks are the engine's rules, not a second copy.
     """
 
+    #: lets the engine recognise instances without importing the runtime
+    interlock_part_kind: ClassVar[str] = "cluster_environment"
+    #: the marker's former name, deprecated since 0.2.0 (may be removed in 0.4.0)
     interlock_plugin_kind: ClassVar[str] = "cluster_environment"
     name: ClassVar[str]
 

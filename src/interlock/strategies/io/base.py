@@ -15,6 +15,9 @@ PathLike = str | os.PathLike[str]
 class CheckpointIO(ABC):
     """Saves and loads checkpoint dictionaries."""
 
+    #: lets the engine recognise instances without importing the runtime
+    interlock_part_kind: ClassVar[str] = "checkpoint_io"
+    #: the marker's former name, deprecated since 0.2.0 (may be removed in 0.4.0)
     interlock_plugin_kind: ClassVar[str] = "checkpoint_io"
 
     @abstractmethod

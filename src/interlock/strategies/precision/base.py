@@ -18,6 +18,9 @@ class Precision:
     and optimizer step. Subclasses override what differs.
     """
 
+    #: lets the engine recognise instances without importing the runtime
+    interlock_part_kind: ClassVar[str] = "precision"
+    #: the marker's former name, deprecated since 0.2.0 (may be removed in 0.4.0)
     interlock_plugin_kind: ClassVar[str] = "precision"
     #: canonical precision name from the engine's table
     precision: str = "32-true"
