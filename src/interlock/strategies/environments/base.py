@@ -7,6 +7,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import ClassVar
 
+from interlock.connector.parts import cluster_detected
+
 
 class ClusterEnvironment(ABC):
     """Ranks and the rendezvous address of the current process.
@@ -45,9 +47,15 @@ class ClusterEnvironment(ABC):
         """Port of the rank-0 rendezvous store."""
 
     @classmethod
-    @abstractmethod
     def detect(cls, environ: Mapping[str, str] | None = None) -> bool:
-        """Whether the environment (default ``os.environ``) is this cluster's."""
+        """Whether the environment (default ``os.environ``) is this cluster's: the
+        detector of its row (`interlock.ClusterRow.detect`, which is what `plan()`
+        asks), False when no row of this name is registered or it has no detector. A
+        subclass need not override it; the row is the one place detection is written."""
+        try:
+            return cluster_detected(cls.name, os.environ if environ is None else environ)
+        except KeyError:
+            return False
 
     @abstractmethod
     def world_size(self) -> int:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Mapping
 
 from interlock.connector.errors import ResolutionError
-from interlock.connector.parts import cluster_detected
 from interlock.strategies.environments._external import ExternalEnvironment
 from interlock.strategies.environments._variables import (
     port_from_job,
@@ -73,10 +71,6 @@ class LSFEnvironment(ExternalEnvironment):
         if "MASTER_PORT" in self.environ:
             return read_port(self.name, self.environ, "MASTER_PORT")
         return port_from_job(self.name, self.environ, "LSB_JOBID")
-
-    @classmethod
-    def detect(cls, environ: Mapping[str, str] | None = None) -> bool:
-        return cluster_detected(cls.name, os.environ if environ is None else environ)
 
     def world_size(self) -> int:
         return read_int(self.name, self.environ, "JSM_NAMESPACE_SIZE", minimum=1)

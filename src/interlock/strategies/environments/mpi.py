@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-
 from interlock.connector.errors import ResolutionError
-from interlock.connector.parts import cluster_detected
 from interlock.connector.tables import OPEN_MPI_VARIABLES, PMI_VARIABLES
 from interlock.strategies.environments._external import ExternalEnvironment
 from interlock.strategies.environments._variables import (
@@ -81,10 +77,6 @@ class MPIEnvironment(ExternalEnvironment):
             if self.environ.get(name, "").strip():
                 return port_from_job(self.name, self.environ, name)
         return DEFAULT_PORT
-
-    @classmethod
-    def detect(cls, environ: Mapping[str, str] | None = None) -> bool:
-        return cluster_detected(cls.name, os.environ if environ is None else environ)
 
     def world_size(self) -> int:
         return read_int(self.name, self.environ, self._names()[0], minimum=1)

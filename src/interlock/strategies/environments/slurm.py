@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-
 from interlock.connector.errors import ResolutionError
-from interlock.connector.parts import cluster_detected
 from interlock.strategies.environments._external import ExternalEnvironment
 from interlock.strategies.environments._variables import (
     port_from_job,
@@ -57,10 +53,6 @@ class SLURMEnvironment(ExternalEnvironment):
         if "MASTER_PORT" in self.environ:
             return read_port(self.name, self.environ, "MASTER_PORT")
         return port_from_job(self.name, self.environ, "SLURM_JOB_ID")
-
-    @classmethod
-    def detect(cls, environ: Mapping[str, str] | None = None) -> bool:
-        return cluster_detected(cls.name, os.environ if environ is None else environ)
 
     def world_size(self) -> int:
         # the step's own count: with --preserve-env SLURM_NTASKS keeps the allocation's

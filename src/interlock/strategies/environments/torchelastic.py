@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-
-from interlock.connector.parts import cluster_detected
 from interlock.strategies.environments._external import ExternalEnvironment
 from interlock.strategies.environments._variables import read_int, read_port, read_str
 
@@ -25,10 +21,6 @@ class TorchVariablesEnvironment(ExternalEnvironment):
     @property
     def main_port(self) -> int:
         return read_port(self.name, self.environ, "MASTER_PORT")
-
-    @classmethod
-    def detect(cls, environ: Mapping[str, str] | None = None) -> bool:
-        return cluster_detected(cls.name, os.environ if environ is None else environ)
 
     def world_size(self) -> int:
         return read_int(self.name, self.environ, "WORLD_SIZE", minimum=1)
