@@ -336,12 +336,6 @@ def unregister_part(kind: str, name: str) -> None:
     REGISTRIES[_kind(kind)].remove(name)
 
 
-def part_rows(kind: str) -> Mapping[str, Any]:
-    """A read-only view of every row of one kind, entry points included."""
-    _ensure_loaded()
-    return REGISTRIES[_kind(kind)].view
-
-
 def register_package(row: PackageRow, *, source: str = "register_package()") -> None:
     """Add an optional package that the rows registered after it may require.
 

@@ -434,7 +434,6 @@ LAUNCHERS: tuple[LauncherRow, ...] = (
     ),
 )
 
-LAUNCHER_NAMES: tuple[str, ...] = tuple(row.name for row in LAUNCHERS)
 LAUNCHER_ROWS: Mapping[str, LauncherRow] = MappingProxyType({r.name: r for r in LAUNCHERS})
 
 # --------------------------------------------------------------------------- clusters

@@ -44,7 +44,6 @@ MARKDOWN_PATH = DOCS_DIR / "compatibility.md"
 HTML_PATH = DOCS_DIR / "compatibility.html"
 #: The main conformance report (the CPU run). Other runs sit beside it as
 #: ``conformance-report-<name>.json`` (for example -gpu, -xla, -deepspeed).
-REPORT_PATH = DOCS_DIR / "conformance-report.json"
 REPORT_PREFIX = "conformance-report"
 
 #: The machine profile each accelerator's table is computed on. cuda uses the profile

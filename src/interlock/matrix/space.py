@@ -8,7 +8,6 @@ from interlock.connector.builtin import BUILTIN_STRATEGIES
 from interlock.connector.parts_registry import (
     ACCELERATOR_REGISTRY,
     PRECISION_REGISTRY,
-    current_parts,
 )
 from interlock.connector.registry import strategy_specs
 from interlock.connector.tables import ACCELERATOR_ALIASES, ACCELERATOR_CHOOSERS, LEGACY_PRECISIONS
@@ -44,7 +43,7 @@ _BUILTIN_ACCELERATOR_INPUTS: tuple[str, ...] = (
 )
 
 #: the flag space over the built-in accelerators and precisions (and every registered
-#: strategy); `registered_space` covers registered accelerators and precisions too
+#: strategy)
 FLAG_SPACE = FlagSpace(
     accelerators=_BUILTIN_ACCELERATOR_INPUTS,
     devices=("auto", 1, 2, 4, 8, -1, "0,1", [1], 0, "[]"),
@@ -52,13 +51,6 @@ FLAG_SPACE = FlagSpace(
     num_nodes=(1, 2),
 )
 
-
-def registered_space() -> FlagSpace:
-    """`FLAG_SPACE` over every accelerator and precision registered now (built-in and
-    third-party), read from the registries at call time."""
-    parts = current_parts()
-    return replace(FLAG_SPACE, accelerators=parts.accelerator_inputs,
-                   precisions=(*parts.precision_names, *LEGACY_PRECISIONS))
 
 #: the space matrix.lock pins: the built-in strategies only, so that a third-party
 #: strategy installed in a development environment does not change the lock

@@ -14,13 +14,12 @@ runs one training step's forward and backward over all micro-batches (see
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 
 #: ``split_fn(module, stage, num_stages) -> stage_module``: keeps the layers of stage
 #: ``stage`` (0-based) and replaces the others with modules without parameters
@@ -268,11 +267,3 @@ def _add_back_gradients(carried: dict[nn.Parameter, torch.Tensor]) -> None:
             param.grad.add_(grad)
 
 
-def pipeline_mesh_rank(mesh: DeviceMesh) -> int:
-    """This rank's stage: its coordinate on the mesh's ``pp`` dimension."""
-    return mesh["pp"].get_local_rank()
-
-
-@contextlib.contextmanager
-def no_context() -> Iterator[None]:
-    yield
