@@ -69,7 +69,6 @@ from interlock.connector.registration import (
     scan_entry_points,
 )
 from interlock.connector.tables import (
-    ACCELERATOR_ALIASES,
     ACCELERATOR_CHOOSERS,
     ACCELERATORS,
     CHECKPOINT_IOS,
@@ -84,6 +83,7 @@ from interlock.connector.tables import (
     LauncherRow,
     PackageRow,
     PrecisionRow,
+    accelerator_inputs,
 )
 
 if TYPE_CHECKING:
@@ -670,9 +670,7 @@ def _take_snapshot() -> PartTables:
         optimizers=MappingProxyType(dict(OPTIMIZER_REGISTRY.rows)),
         precision_names=tuple(precisions),
         accelerator_names=tuple(accelerators),
-        accelerator_inputs=("auto", *accelerators, *(c for c in ACCELERATOR_CHOOSERS
-                                                     if c != "auto"),
-                            *ACCELERATOR_ALIASES),
+        accelerator_inputs=accelerator_inputs(accelerators),
         added_accelerators=ACCELERATOR_REGISTRY.added(),
         added_environments=added_environments,
         detection_order=(*builtin[:cut], *added_environments, *builtin[cut:]),

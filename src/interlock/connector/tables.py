@@ -15,7 +15,7 @@ Each row names its implementation as a lazy ``"package.module:Class"`` string
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -284,7 +284,16 @@ ACCELERATOR_CHOOSERS: Mapping[str, tuple[str, ...]] = MappingProxyType(
 #: Input names that are plain aliases of one accelerator.
 ACCELERATOR_ALIASES: Mapping[str, str] = MappingProxyType({"tpu": "xla"})
 
-ACCELERATOR_INPUTS: tuple[str, ...] = ("auto", *ACCELERATOR_NAMES, "gpu", *ACCELERATOR_ALIASES)
+
+def accelerator_inputs(accelerators: Iterable[str]) -> tuple[str, ...]:
+    """Every value the accelerator flag accepts with these accelerators: ``auto``, each
+    name, the other choosers (``gpu``) and the aliases (``tpu``)."""
+    return ("auto", *accelerators, *(c for c in ACCELERATOR_CHOOSERS if c != "auto"),
+            *ACCELERATOR_ALIASES)
+
+
+#: the accelerator flag's values with the built-in accelerators
+ACCELERATOR_INPUTS: tuple[str, ...] = accelerator_inputs(ACCELERATOR_NAMES)
 
 # --------------------------------------------------------------------------- launchers
 

@@ -6,11 +6,10 @@ from dataclasses import dataclass, replace
 
 from interlock.connector.builtin import BUILTIN_STRATEGIES
 from interlock.connector.parts_registry import (
-    ACCELERATOR_REGISTRY,
     PRECISION_REGISTRY,
 )
 from interlock.connector.registry import strategy_specs
-from interlock.connector.tables import ACCELERATOR_ALIASES, ACCELERATOR_CHOOSERS, LEGACY_PRECISIONS
+from interlock.connector.tables import ACCELERATOR_INPUTS, LEGACY_PRECISIONS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,17 +34,10 @@ class FlagSpace:
                 * len(self.precisions) * len(self.num_nodes))
 
 
-#: the accelerator flag values of the built-in rows: 'auto', each accelerator, the
-#: other choosers ('gpu') and the aliases ('tpu')
-_BUILTIN_ACCELERATOR_INPUTS: tuple[str, ...] = (
-    "auto", *(row.name for row in ACCELERATOR_REGISTRY.builtin),
-    *(c for c in ACCELERATOR_CHOOSERS if c != "auto"), *ACCELERATOR_ALIASES,
-)
-
 #: the flag space over the built-in accelerators and precisions (and every registered
 #: strategy)
 FLAG_SPACE = FlagSpace(
-    accelerators=_BUILTIN_ACCELERATOR_INPUTS,
+    accelerators=ACCELERATOR_INPUTS,
     devices=("auto", 1, 2, 4, 8, -1, "0,1", [1], 0, "[]"),
     precisions=(*(row.name for row in PRECISION_REGISTRY.builtin), *LEGACY_PRECISIONS),
     num_nodes=(1, 2),
