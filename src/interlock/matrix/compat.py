@@ -82,15 +82,10 @@ ENVIRONMENTS: tuple[str, ...] = ("local", "notebook", "torchrun", "slurm", "no-f
 #: the "local" environment and nothing else. The other columns can only be declared.
 EXERCISED_ENVIRONMENTS: frozenset[str] = frozenset({"local"})
 
-#: (devices per node, num_nodes) per environment, fitting the profile's job geometry.
-#: A one-device strategy (``max_devices == 1``) is asked for 1 device instead.
+#: (devices per node, num_nodes) per environment: its profile's job. A one-device
+#: strategy (``max_devices == 1``) is asked for 1 device instead.
 _ENVIRONMENT_GEOMETRY: Mapping[str, tuple[int, int]] = {
-    "local": (2, 1),
-    "notebook": (2, 1),
-    "torchrun": (8, 2),
-    "slurm": (4, 2),
-    "no-fork": (2, 1),
-}
+    p.environment: p.job for p in PROFILES if p.environment}
 
 ENVIRONMENT_PRECISION = "32-true"
 

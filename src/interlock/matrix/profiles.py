@@ -17,22 +17,25 @@ class Profile:
         environment: the launch environment it exemplifies in the docs (local,
             notebook, torchrun, slurm, no-fork) or "" for none.
         machine: the snapshot.
+        job: (devices per node, num_nodes) of the job the docs ask for on it: a
+            cluster's job geometry, which its variables describe too.
     """
 
     name: str
     description: str
     environment: str
     machine: Machine
+    job: tuple[int, int] = (2, 1)
 
 
-def _torchrun(nodes: int, per_node: int) -> dict[str, str]:
+def _torchrun(per_node: int, nodes: int) -> dict[str, str]:
     return {"TORCHELASTIC_RUN_ID": "job", "WORLD_SIZE": str(nodes * per_node),
             "LOCAL_WORLD_SIZE": str(per_node), "GROUP_WORLD_SIZE": str(nodes), "RANK": "0",
             "LOCAL_RANK": "0", "GROUP_RANK": "0", "MASTER_ADDR": "node0",
             "MASTER_PORT": "29500"}
 
 
-def _slurm(nodes: int, per_node: int) -> dict[str, str]:
+def _slurm(per_node: int, nodes: int) -> dict[str, str]:
     # rank 0 of a job step that srun started (SLURM_STEP_ID marks the step; without it
     # the variables describe only an allocation, and interlock launches by itself)
     return {"SLURM_STEP_ID": "0", "SLURM_STEPID": "0",
@@ -41,6 +44,10 @@ def _slurm(nodes: int, per_node: int) -> dict[str, str]:
             "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
             "SLURM_NODELIST": "gpu[01-02]"}
 
+
+#: the jobs of the cluster profiles: (devices per node, num_nodes)
+_SLURM_JOB = (4, 2)
+_TORCHRUN_JOB = (8, 2)
 
 PROFILES: tuple[Profile, ...] = (
     Profile(name="cpu-laptop", description="CPU-only laptop", environment="local",
@@ -58,9 +65,11 @@ PROFILES: tuple[Profile, ...] = (
     Profile(name="tpu-v4-8", description="TPU v4-8 host: 8 XLA devices, torch_xla installed",
             environment="", machine=Machine(xla_devices=8, packages=frozenset({"torch_xla"}))),
     Profile(name="slurm-2x4", description="SLURM job, 2 nodes x 4 GPUs (rank 0's environment)",
-            environment="slurm", machine=Machine(cuda_devices=4, environ=_slurm(2, 4))),
+            environment="slurm", job=_SLURM_JOB,
+            machine=Machine(cuda_devices=_SLURM_JOB[0], environ=_slurm(*_SLURM_JOB))),
     Profile(name="torchrun-2x8", description="torchrun, 2 nodes x 8 GPUs (rank 0's environment)",
-            environment="torchrun", machine=Machine(cuda_devices=8, environ=_torchrun(2, 8))),
+            environment="torchrun", job=_TORCHRUN_JOB,
+            machine=Machine(cuda_devices=_TORCHRUN_JOB[0], environ=_torchrun(*_TORCHRUN_JOB))),
     Profile(name="no-fork", description="a platform without fork (Windows-like), 2 CUDA GPUs",
             environment="no-fork",
             machine=Machine(cuda_devices=2,
