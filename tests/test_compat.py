@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from typeguard import suppress_type_checks
 
 import interlock
 from interlock.connector.registry import unregister_strategy
@@ -39,6 +40,12 @@ from interlock.matrix.profiles import profile_named
 ROOT = Path(__file__).resolve().parents[1]
 REGENERATE = "run `python -m interlock.matrix.compat` from the repository root to regenerate it"
 _FROM_SUPERSCRIPT = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹", "0123456789")
+
+#: for the tests that render whole pages again (from other reports, to other places):
+#: a page plans about 1,200 cells, 0.3 s as shipped and 6 to 10 s under typeguard's
+#: instrumentation; the renderer and the engine are type-checked once here (the
+#: `markdown` fixture and the committed pages) and by the engine's own tests
+fast_render = suppress_type_checks
 
 
 # --------------------------------------------------------------------------- reading pages
@@ -320,6 +327,7 @@ def _env_outcomes(report: Path, strategy: str) -> dict[str, compat.Outcome]:
     return dict(zip(ENVIRONMENTS, cells, strict=True))
 
 
+@fast_render
 def test_environment_cells_verified_from_the_report(tmp_path: Path) -> None:
     records = [_declaration(), _record(world_size="1"), _record(world_size="2"),
                _record(check="collectives", precision="*", world_size="2")]
@@ -343,6 +351,7 @@ def test_environment_cells_verified_from_the_report(tmp_path: Path) -> None:
     assert "2030-05-06" in _notes(_environments(text))[note]
 
 
+@fast_render
 def test_environment_cell_needs_its_world_size(tmp_path: Path) -> None:
     # ddp's local cell launches 2 processes; a run at world size 1 does not cover it,
     # while the accelerator table (any world size the runner launched) is verified.
@@ -390,6 +399,7 @@ def test_report_cell_verified_when_a_check_ran_and_none_failed(tmp_path: Path) -
     assert set(load_report(other_precision)) == {("ddp", "cpu", "32-true")}
 
 
+@fast_render
 def test_a_report_that_checked_nothing_verifies_nothing(tmp_path: Path) -> None:
     # Only the declaration passed (say every launch was skipped): nothing ran in ranks.
     only_declaration = _write_report(tmp_path, [
@@ -406,6 +416,7 @@ def test_a_report_that_checked_nothing_verifies_nothing(tmp_path: Path) -> None:
     assert load_report(star_only) == {}
 
 
+@fast_render
 def test_report_marks_cells_verified(tmp_path: Path) -> None:
     report = _write_report(tmp_path, [_declaration(), _record()], date="2030-01-02")
     text = render_markdown(report=report)
@@ -416,6 +427,7 @@ def test_report_marks_cells_verified(tmp_path: Path) -> None:
     assert 'class="verified"' in render_html(report=report)
 
 
+@fast_render
 def test_verified_cell_names_runner_and_date(tmp_path: Path) -> None:
     report = _write_report(tmp_path, [_declaration(), _record()], date="2030-01-02",
                            runners={"cpu": "cpu"})
@@ -490,6 +502,7 @@ def test_malformed_report_is_refused(tmp_path: Path, body: object) -> None:
         read_report(path)
 
 
+@fast_render
 def test_markdown_is_stable_and_machine_free(markdown: str) -> None:
     import torch
 
@@ -572,6 +585,7 @@ def odd_strategy() -> Iterator[interlock.StrategySpec]:
         interlock.unregister_strategy(spec.name)
 
 
+@fast_render
 def test_html_escapes_registered_text(odd_strategy: interlock.StrategySpec) -> None:
     specs = list(interlock.strategy_specs().values())
     page = render_html(specs=specs, report=None)
@@ -603,6 +617,7 @@ def test_compute_covers_every_accelerator_and_strategy() -> None:
     assert not any("find_unused" in n for n in names)
 
 
+@fast_render
 def test_main_writes_both_files(tmp_path: Path) -> None:
     assert compat.main([str(tmp_path)]) == 0
     assert (tmp_path / MARKDOWN_PATH).read_text(encoding="utf-8") == render_markdown(

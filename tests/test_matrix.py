@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 from pathlib import Path
 from typing import Any
 
 import pytest
+from typeguard import suppress_type_checks
 
 import interlock
 from interlock import ResolutionError
@@ -56,16 +58,22 @@ def test_the_space_and_profiles_are_as_large_as_promised() -> None:
 
 @pytest.fixture(scope="module")
 def current() -> dict[Any, str]:
-    return outcomes()
+    """Every cell, with typeguard stepped aside: 756,000 cells take a minute and a half
+    under it (test_cells_match_plan runs the same evaluation under it, sampled)."""
+    with suppress_type_checks():
+        return outcomes()
 
 
 @pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
 def test_cells_match_plan(profile: Any) -> None:
     """Every refusal code, flag and plan summary the staged evaluation gives is what
     plan() gives. (Exhaustive comparisons of whole profiles agreed too: they take
-    minutes under typeguard, so the suite samples.)"""
+    minutes under typeguard, so the suite samples.) The staged evaluation runs under
+    typeguard for the first profile; for the others typeguard steps aside while it
+    evaluates their 63,000 cells (8 s each under it), and plan() stays checked."""
     rng = random.Random(profile.name)
-    cells = list(evaluate(profile))
+    with (contextlib.nullcontext() if profile is PROFILES[0] else suppress_type_checks()):
+        cells = list(evaluate(profile))
     mismatches = [
         f"{cell}: matrix says {outcome}, plan() says {_direct(profile.name, cell)}"
         for cell, outcome in rng.sample(cells, 600)
