@@ -345,6 +345,60 @@ def test_a_rank_whose_launch_failed_goes_no_further_in_the_script(tmp_path: Path
     assert others == ["caught RankFailedError rank=1"], lines
 
 
+RANK_ZERO_AWAY = """
+import sys
+import time
+import interlock
+from interlock.strategies.launchers import subprocess_script
+
+subprocess_script.FAILURE_GRACE_S = 5.0
+
+def work(strategy, where):
+    if strategy.global_rank == 1:
+        time.sleep(1.0)  # rank 0 is in its loop or its sleep by now
+        raise RuntimeError("rank 1 breaks on purpose")
+    if where == "native":
+        time.sleep(3600)  # one call into C that no exception can enter until it returns
+    while True:
+        time.sleep(0.05)  # Python code: an interrupt lands between two sleeps
+
+if __name__ == "__main__":
+    strategy = interlock.resolve(accelerator="cpu", devices=2, strategy="ddp")
+    strategy.launch(work, sys.argv[1])
+"""
+
+
+def _sigint_ignored() -> None:
+    """What ``nohup`` or ``cmd &`` in a script gives a job: SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("where", ["python", "native"])
+def test_a_failed_child_ends_the_job_wherever_rank_zero_is(tmp_path: Path, where: str) -> None:
+    """Rank 0 is interrupted when rank 1 fails even where SIGINT is ignored; and where
+    rank 0 is blocked in native code, which no interrupt reaches, the launcher ends the
+    job after its grace, naming the failure and showing where rank 0 was stuck."""
+    script = tmp_path / "rank_zero_away.py"
+    script.write_text(RANK_ZERO_AWAY)
+    proc = subprocess.Popen([sys.executable, str(script), where], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_ignored)
+    try:
+        _, stderr = proc.communicate(timeout=100)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, stderr[-3000:]
+    assert "rank 1 failed" in stderr and "rank 1 breaks on purpose" in stderr, stderr[-3000:]
+    blocked = "rank 0 is still blocked 5s after rank 1 failed"
+    if where == "native":
+        assert blocked in stderr, stderr[-3000:]
+        assert "in work" in stderr  # the stack shows the user's function that blocks
+    else:
+        assert blocked not in stderr, stderr[-3000:]
+        assert "RankFailedError" in stderr  # rank 0's own exception, raised as usual
+    assert wait_until_gone(str(script), 5) == [], "processes of the failed job survived it"
+
+
 def test_the_script_launcher_rebuilds_the_command_line(tmp_path: Path) -> None:
     package = tmp_path / "ilkapp"
     package.mkdir()

@@ -796,7 +796,7 @@ def _run_worker(strategy: Strategy, fn: Callable[..., T], args: tuple[Any, ...],
 def _teardown_fully(strategy: Strategy) -> None:
     """``strategy.teardown()``, finished even when an interrupt cuts it short.
 
-    A launcher interrupts rank 0 from a thread (``_thread.interrupt_main``) as soon as
+    A launcher interrupts rank 0 from a thread (a ``KeyboardInterrupt``) as soon as
     another rank dies; that interrupt can land while rank 0 is already tearing down
     after the failure. A teardown stopped half-way would leave the process group in
     place, and the restarted attempt would reuse it, talking to the dead rank. So the

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import _thread
+import ctypes
+import faulthandler
 import os
 import select
 import shutil
@@ -163,7 +164,7 @@ class SubprocessScriptLauncher(Launcher):
                        kwargs: dict[str, Any], errors: Path, own: dict[str, str]) -> Any:
         first_rank = self.node_rank * self.num_processes
         children: dict[int, subprocess.Popen[bytes]] = {}
-        watcher = _Watcher(children)
+        watcher = _Watcher(children, errors, first_rank)
         relay = _SignalRelay(children, watcher, errors, first_rank)
         relay.install()
         try:
@@ -270,14 +271,31 @@ _CHILD_FAILED = 1
 _CHILD_INTERRUPTED = 128 + int(signal.SIGINT)
 
 
-class _Watcher(threading.Thread):
-    """Interrupts rank 0 as soon as a child exits with an error."""
+#: Seconds rank 0 has, once a child failed and the watcher interrupted it, to begin
+#: handling that failure before the watcher ends the job itself. The interrupt takes
+#: effect between Python bytecodes only: a rank 0 blocked in native code (a collective
+#: that does not notice its peer is gone, a process-group teardown) would otherwise
+#: wait for the process group's timeout, 30 minutes by default.
+FAILURE_GRACE_S = 30.0
+#: rank 0's exit code when the watcher ends the job for it (an uncaught exception's)
+_BLOCKED_EXIT_CODE = 1
 
-    def __init__(self, children: dict[int, subprocess.Popen[bytes]]) -> None:
+
+class _Watcher(threading.Thread):
+    """Interrupts rank 0 as soon as a child exits with an error, and ends the job if
+    rank 0 does not handle that within :data:`FAILURE_GRACE_S` seconds."""
+
+    def __init__(self, children: dict[int, subprocess.Popen[bytes]], errors: Path,
+                 first_rank: int) -> None:
         super().__init__(daemon=True, name="interlock-rank-watcher")
         self.children = children
+        self.errors = errors
+        self.first_rank = first_rank
+        self.grace = FAILURE_GRACE_S
         self.failure: tuple[int, int] | None = None
         self._done = threading.Event()
+        #: set by stop(): rank 0's main thread is handling the failure (or is done)
+        self._handled = threading.Event()
         # held while deciding to interrupt, so that none comes once stop() has begun
         # (rank 0 is then handling its own failure, and an interrupt landing in that
         # handler would cut it short)
@@ -295,15 +313,54 @@ class _Watcher(threading.Thread):
                         return
                     self.failure = failed
                     self._done.set()
-                    _thread.interrupt_main()
+                    _raise_in_main_thread(KeyboardInterrupt)
+                if not self._handled.wait(self.grace):
+                    self._end_job(failed)
                 return
 
+    def _end_job(self, failed: tuple[int, int]) -> None:
+        """Rank 0 did not get to the failure in time: name it, say where rank 0 is
+        stuck, stop the other ranks and exit."""
+        rank = self.first_rank + failed[0]
+        print(f"interlock: {_failure(failed, self.errors, self.first_rank)}",
+              file=sys.stderr, flush=True)
+        print(f"interlock: rank 0 is still blocked {self.grace:.0f}s after rank {rank} "
+              "failed (in native code, where the interrupt cannot reach it); ending the "
+              "job. Where rank 0's threads were:", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        _stop(self.children)
+        shutil.rmtree(self.errors, ignore_errors=True)
+        os._exit(_BLOCKED_EXIT_CODE)
+
     def stop(self) -> None:
-        """Stop watching; once this returns the watcher interrupts no more."""
+        """Stop watching; once this returns the watcher interrupts no more and ends
+        nothing."""
         with self._deciding:
             self._done.set()
+            if self.failure is not None and threading.current_thread() is threading.main_thread():
+                # rank 0 is handling a failure already (a collective that failed with
+                # the peer): an interrupt not yet delivered must not cut that short
+                _raise_in_main_thread(None)
+        self._handled.set()
         if self.is_alive() and self is not threading.current_thread():
             self.join()
+
+
+def _raise_in_main_thread(exc: type[BaseException] | None) -> None:
+    """Raise ``exc`` in the main thread at its next Python bytecode (None takes back
+    one not raised yet).
+
+    Not ``_thread.interrupt_main``: that runs the process's SIGINT handler, and does
+    nothing at all where SIGINT is ignored (a job started with ``nohup`` or in the
+    background of a script), which would leave rank 0 waiting for the process
+    group's timeout after a peer failed. Like a signal, the exception cannot reach
+    native code until it returns; :data:`FAILURE_GRACE_S` covers that case.
+    """
+    main = threading.main_thread().ident
+    if main is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(main), None if exc is None else ctypes.py_object(exc))
 
 
 #: Seconds the signal relay gives rank 0's main thread to run a signal's handler
