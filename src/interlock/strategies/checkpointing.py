@@ -52,7 +52,7 @@ from interlock.strategies.io import CheckpointLoadError, digest
 from interlock.strategies.io.base import load_with
 from interlock.strategies.io.torch_io import fsync_directory
 from interlock.strategies.module_wrapper import unwrap
-from interlock.strategies.random_state import RANDOM_KEY
+from interlock.strategies.random_state import RANDOM_KEY, RankedStrategy
 
 if TYPE_CHECKING:
     from interlock.strategies.collectives import Collective
@@ -62,19 +62,11 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class SavingStrategy(Protocol):
+class SavingStrategy(RankedStrategy, Protocol):
     """What checkpoint files need of a strategy (`interlock.strategies.base.Strategy`,
     which calls these functions, and so is not imported here): its ranks, collectives,
     precision and checkpoint IO."""
 
-    @property
-    def root_device(self) -> torch.device: ...
-    @property
-    def world_size(self) -> int: ...
-    @property
-    def global_rank(self) -> int: ...
-    @property
-    def is_global_zero(self) -> bool: ...
     @property
     def collective(self) -> Collective: ...
     @property

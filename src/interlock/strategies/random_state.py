@@ -25,8 +25,9 @@ import torch
 RANDOM_KEY = "interlock/random_state"
 
 
-class _Ranks(Protocol):
-    """What this module reads of a strategy."""
+class RankedStrategy(Protocol):
+    """What this module reads of a strategy: its device and ranks, and its collectives
+    (the checkpoint functions read these and a few more)."""
 
     @property
     def root_device(self) -> torch.device: ...
@@ -78,7 +79,7 @@ def _restore_numpy(saved: Any) -> None:
     numpy.random.set_state((kind, keys.numpy().astype("uint32"), position, has_gauss, gauss))
 
 
-def gather(strategy: _Ranks) -> dict[str, Any]:
+def gather(strategy: RankedStrategy) -> dict[str, Any]:
     """Every rank's state, on every rank (a collective where there are several)."""
     mine = capture(strategy.root_device)
     ranks = (strategy.collective.all_gather_object(mine) if strategy.world_size > 1
@@ -86,7 +87,7 @@ def gather(strategy: _Ranks) -> dict[str, Any]:
     return {"world_size": strategy.world_size, "ranks": ranks}
 
 
-def restore(strategy: _Ranks, saved: object) -> None:
+def restore(strategy: RankedStrategy, saved: object) -> None:
     """Give this rank the state its rank saved; nothing at another world size."""
     if not isinstance(saved, dict) or not isinstance(saved.get("ranks"), list):
         return
