@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -362,6 +363,61 @@ def test_two_processes_started_elsewhere_join_one_world(tmp_path: Path) -> None:
         assert (r["world"], r["total"]) == (2, 3.0), f"not one world of 2: {results}"
         assert (r["cluster"], r["launcher"]) == ("external", "external"), results
     assert {r["pid"] for r in results} == {p.pid for p in procs}, "ran in the processes given"
+
+
+FAILING_WORKER = textwrap.dedent(
+    """
+    import interlock
+
+
+    def work(strategy):
+        strategy.barrier()
+        if strategy.global_rank == 1:
+            raise RuntimeError("rank 1 breaks on purpose")
+        while True:
+            strategy.barrier()  # fails once rank 1's connections close
+
+
+    interlock.resolve(accelerator="cpu", devices=2).launch(work)
+    """
+)
+
+
+@pytest.mark.timeout(90)
+def test_a_rank_failing_after_its_peer_lets_that_peer_exit_first(tmp_path: Path) -> None:
+    """mpirun and srun name the first process to exit with an error. Rank 0's barrier
+    breaks because rank 1 failed; rank 0 then waits for rank 1 to exit first, so that
+    such a launcher names rank 1, the cause, not rank 0."""
+    script = tmp_path / "worker.py"
+    script.write_text(FAILING_WORKER, encoding="utf-8")
+    base = {**_clean_environ(), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(_free_port())}
+    procs = [
+        subprocess.Popen([sys.executable, str(script)], cwd=tmp_path,
+                         env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                         stdout=subprocess.DEVNULL, stderr=(tmp_path / f"{rank}.err").open("w"),
+                         start_new_session=True)
+        for rank in range(2)
+    ]
+    order: list[int] = []
+    deadline = time.monotonic() + 60
+    try:
+        while len(order) < 2 and time.monotonic() < deadline:
+            order += [rank for rank, proc in enumerate(procs)
+                      if rank not in order and proc.poll() is not None]
+            time.sleep(0.01)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+    errors = [(tmp_path / f"{rank}.err").read_text() for rank in range(2)]
+    assert len(order) == 2, f"the job did not end: {errors}"
+    assert all(proc.returncode != 0 for proc in procs), errors
+    assert "rank 1 breaks on purpose" in errors[1], errors[1]
+    assert "rank 0 failed after rank 1 did" in errors[0], errors[0]
+    assert "failed after" not in errors[1], errors[1]
+    assert order == [1, 0], f"rank {order[0]} exited first:\n{errors[0]}"
 
 
 def test_auto_devices_follow_the_processes_a_cluster_started_per_node() -> None:

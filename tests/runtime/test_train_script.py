@@ -347,6 +347,7 @@ def test_a_rank_whose_launch_failed_goes_no_further_in_the_script(tmp_path: Path
 
 RANK_ZERO_AWAY = """
 import sys
+import threading
 import time
 import interlock
 from interlock.strategies.launchers import subprocess_script
@@ -356,6 +357,10 @@ subprocess_script.FAILURE_GRACE_S = 5.0
 def work(strategy, where):
     if strategy.global_rank == 1:
         time.sleep(1.0)  # rank 0 is in its loop or its sleep by now
+        if where == "exit":
+            # not a daemon: this interpreter's shutdown waits for it, so rank 1
+            # records its failure but never exits
+            threading.Thread(target=time.sleep, args=(600,)).start()
         raise RuntimeError("rank 1 breaks on purpose")
     if where == "native":
         time.sleep(3600)  # one call into C that no exception can enter until it returns
@@ -374,11 +379,12 @@ def _sigint_ignored() -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("where", ["python", "native"])
+@pytest.mark.parametrize("where", ["python", "native", "exit"])
 def test_a_failed_child_ends_the_job_wherever_rank_zero_is(tmp_path: Path, where: str) -> None:
-    """Rank 0 is interrupted when rank 1 fails even where SIGINT is ignored; and where
+    """Rank 0 is interrupted when rank 1 fails even where SIGINT is ignored; where
     rank 0 is blocked in native code, which no interrupt reaches, the launcher ends the
-    job after its grace, naming the failure and showing where rank 0 was stuck."""
+    job after its grace, naming the failure and showing where rank 0 was stuck; and a
+    failed rank that never exits is killed once it recorded its failure."""
     script = tmp_path / "rank_zero_away.py"
     script.write_text(RANK_ZERO_AWAY)
     proc = subprocess.Popen([sys.executable, str(script), where], stdout=subprocess.PIPE,
@@ -394,6 +400,8 @@ def test_a_failed_child_ends_the_job_wherever_rank_zero_is(tmp_path: Path, where
         assert blocked in stderr, stderr[-3000:]
         assert "in work" in stderr  # the stack shows the user's function that blocks
     else:
+        stuck = "rank 1 recorded its failure 5s ago and has not exited"
+        assert (stuck in stderr) == (where == "exit"), stderr[-3000:]
         assert blocked not in stderr, stderr[-3000:]
         assert "RankFailedError" in stderr  # rank 0's own exception, raised as usual
     assert wait_until_gone(str(script), 5) == [], "processes of the failed job survived it"

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
+import time
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -203,6 +205,13 @@ class Strategy(ABC):
     def _explain_failure(self, exc: BaseException) -> BaseException | None:
         """A clearer error for ``exc`` raised in a rank, when the strategy knows its
         cause (a peer that already returned); None keeps ``exc``."""
+        return None
+
+    def _announce_failure(self, exc: BaseException) -> int | None:
+        """Called in a rank whose launched function raised ``exc`` (before teardown):
+        tell the peers, and return the peer whose exit this rank should wait for
+        before its own, when a peer failed first and this rank's launcher names
+        whichever process exits first; None exits at once."""
         return None
 
     def _announce_return(self) -> None:  # noqa: B027 - optional hook
@@ -774,6 +783,7 @@ def _run_worker(strategy: Strategy, fn: Callable[..., T], args: tuple[Any, ...],
     launch in the calling process: what the strategy counts per run starts again here,
     so an attempt computes what a fresh process would."""
     strategy._loader_setups = 0
+    cause: int | None = None
     try:
         strategy.setup_environment()
         result = fn(strategy, *args, **kwargs)
@@ -784,13 +794,31 @@ def _run_worker(strategy: Strategy, fn: Callable[..., T], args: tuple[Any, ...],
         # the peers fail too: the launcher names the earliest failure, and a slow
         # teardown must not keep this record from it.
         explained = strategy._explain_failure(exc)
+        report_failure(explained if explained is not None else exc)
+        cause = strategy._announce_failure(exc)
         if explained is not None:
-            report_failure(explained)
             raise explained from exc
-        report_failure(exc)
         raise
     finally:
         _teardown_fully(strategy)
+        if cause is not None:
+            _let_the_cause_exit_first(strategy.global_rank, cause)
+
+
+#: Seconds a rank whose collective broke because a peer failed first waits, under a
+#: launcher that names the first process to exit, before it exits too. Such a launcher
+#: (mpirun, srun) stops the other processes as soon as the first exits, so the wait
+#: ends early in practice; it only has to outlast the failed peer's own teardown.
+CAUSE_EXIT_WAIT_S = 5.0
+
+
+def _let_the_cause_exit_first(rank: int, cause: int) -> None:
+    """Wait so that the launcher sees rank ``cause``, which failed first, exit before
+    this rank, whose failure followed from it, and names ``cause`` as the failed one."""
+    print(f"interlock: rank {rank} failed after rank {cause} did; waiting up to "
+          f"{CAUSE_EXIT_WAIT_S:.0f}s for rank {cause} to exit first, so that the launcher "
+          "names it", file=sys.stderr, flush=True)
+    time.sleep(CAUSE_EXIT_WAIT_S)
 
 
 def _teardown_fully(strategy: Strategy) -> None:

@@ -18,7 +18,11 @@ from interlock.strategies.collectives import Collective, TorchCollective
 from interlock.strategies.environments import ClusterEnvironment
 from interlock.strategies.io import CheckpointIO
 from interlock.strategies.launchers import Launcher, launcher_for
-from interlock.strategies.launchers.base import RANK0_SERVES_ENV, RENDEZVOUS_ENV
+from interlock.strategies.launchers.base import (
+    ERROR_FILE_ENV,
+    RANK0_SERVES_ENV,
+    RENDEZVOUS_ENV,
+)
 from interlock.strategies.launchers.rendezvous import connect_store
 from interlock.strategies.precision import Precision
 from interlock.strategies.uneven import ReturnWatch
@@ -263,6 +267,16 @@ class ParallelStrategy(Strategy):
 
     def _explain_failure(self, exc: BaseException) -> BaseException | None:
         return self._return_watch.explain(exc) if self._return_watch is not None else None
+
+    def _announce_failure(self, exc: BaseException) -> int | None:
+        # Only a launcher that names the first process to exit needs this (mpirun,
+        # srun, torchrun); interlock's own launchers compare the recorded failure times.
+        named_by_exit = (self._launcher_name() == "external"
+                         and ERROR_FILE_ENV not in os.environ
+                         and RENDEZVOUS_ENV not in os.environ)
+        if self._return_watch is None or not named_by_exit:
+            return None
+        return self._return_watch.failed(exc)
 
     def _export(self, values: dict[str, str]) -> None:
         """Set variables for torch, remembering what to restore at teardown."""

@@ -12,6 +12,9 @@ announcements; if a peer has returned while this rank's main thread sits, unchan
 for :data:`GRACE_S` seconds, in a collective or in a backward pass (where gradients
 are reduced), this rank is waiting for a rank that is gone. It records an
 :class:`UnevenCollectivesError` naming the ranks for its launcher and exits.
+
+A rank that fails announces that too (:meth:`ReturnWatch.failed`), so that a peer
+whose collective then breaks knows which rank failed first.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 import sys
 import threading
 import time
+from datetime import timedelta
 from types import FrameType
 
 import torch.distributed as dist
@@ -35,6 +39,8 @@ GRACE_S = 10.0
 POLL_S = 1.0
 #: the exit code of a rank ended by the watcher
 STRANDED_EXIT_CODE = 70
+#: seconds a failing rank waits for the store when it announces its failure
+STORE_TIMEOUT_S = 5.0
 
 _generation = 0
 
@@ -49,6 +55,10 @@ def _key(generation: str, rank: int) -> str:
 
 def _count_key(generation: str) -> str:
     return f"interlock/returned/{generation}/count"
+
+
+def _first_failed_key(generation: str) -> str:
+    return f"interlock/failed/{generation}/first"
 
 
 def _waiting_in_collective(frame: FrameType) -> bool:
@@ -177,6 +187,26 @@ class ReturnWatch:
         if not returned:
             return None
         return _stranded(self.rank, returned, f"it failed with {type(exc).__name__}")
+
+    def failed(self, exc: BaseException) -> int | None:
+        """Announce that this rank failed with ``exc``; the peer that failed before it,
+        when ``exc`` is a collective's failure (most likely that peer's doing).
+
+        One store operation: the first rank to fail claims a key, every later one
+        reads it. None when this rank was first, when ``exc`` is not a collective's
+        failure, or when the store is gone (with the rank that hosted it)."""
+        if self._store is None:
+            return None
+        try:
+            self._store.set_timeout(timedelta(seconds=STORE_TIMEOUT_S))
+            first = self._store.compare_set(_first_failed_key(self.generation), "",
+                                            str(self.rank))
+            rank = int(first)
+        except (RuntimeError, ValueError):
+            return None
+        if rank == self.rank or not _is_distributed_error(exc):
+            return None
+        return rank
 
     def _give_up(self, returned: list[int], frame: FrameType) -> None:
         where = (f"it has waited in {frame.f_code.co_name} "

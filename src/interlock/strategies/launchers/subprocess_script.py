@@ -277,6 +277,9 @@ _CHILD_INTERRUPTED = 128 + int(signal.SIGINT)
 #: that does not notice its peer is gone, a process-group teardown) would otherwise
 #: wait for the process group's timeout, 30 minutes by default.
 FAILURE_GRACE_S = 30.0
+#: Seconds a child that recorded its failure has to exit before the watcher kills it
+#: and goes on as if it had exited. Its teardown comes between the two.
+RECORDED_EXIT_S = 5.0
 #: rank 0's exit code when the watcher ends the job for it (an uncaught exception's)
 _BLOCKED_EXIT_CODE = 1
 
@@ -293,6 +296,8 @@ class _Watcher(threading.Thread):
         self.first_rank = first_rank
         self.grace = FAILURE_GRACE_S
         self.failure: tuple[int, int] | None = None
+        #: when each child's failure record was first seen (a monotonic time)
+        self._recorded: dict[int, float] = {}
         self._done = threading.Event()
         #: set by stop(): rank 0's main thread is handling the failure (or is done)
         self._handled = threading.Event()
@@ -306,7 +311,7 @@ class _Watcher(threading.Thread):
             # a preempted child stops with rank 0 at the same step: no need to interrupt
             failing = {rank: child for rank, child in self.children.items()
                        if child.poll() != PREEMPTED_EXIT_CODE}
-            failed = _first_failure(failing, wait=0)
+            failed = _first_failure(failing, wait=0) or self._recorded_but_running()
             if failed is not None:
                 with self._deciding:
                     if self._done.is_set():
@@ -317,6 +322,30 @@ class _Watcher(threading.Thread):
                 if not self._handled.wait(self.grace):
                     self._end_job(failed)
                 return
+
+    def _recorded_but_running(self) -> tuple[int, int] | None:
+        """A child that recorded its failure :data:`RECORDED_EXIT_S` seconds ago and
+        still runs, killed: its failure, as if it had exited.
+
+        A failed rank records its failure, tears down and exits, and its exit is what
+        this watcher waits for. A failed rank can also stay for ever (a process group
+        freed at shutdown joins threads that never end; a thread that is not a daemon
+        keeps the interpreter waiting), and while it lives its connections stay open,
+        so rank 0's collective with it does not fail either."""
+        now = time.monotonic()
+        for rank in read_failures(self.errors):
+            index = rank - self.first_rank
+            child = self.children.get(index)
+            if child is None:
+                continue  # rank 0's own record
+            seen = self._recorded.setdefault(index, now)
+            if child.poll() is None and now - seen >= RECORDED_EXIT_S:
+                print(f"interlock: rank {rank} recorded its failure {now - seen:.0f}s ago "
+                      "and has not exited (stuck in its teardown or its interpreter's "
+                      "shutdown); killing it", file=sys.stderr, flush=True)
+                child.kill()
+                return index, int(child.wait())
+        return None
 
     def _end_job(self, failed: tuple[int, int]) -> None:
         """Rank 0 did not get to the failure in time: name it, say where rank 0 is
