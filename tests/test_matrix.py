@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,27 @@ def test_the_committed_lock_matches_the_engine(current: dict[Any, str]) -> None:
         "the engine's outcomes differ from matrix.lock; if the change is intended, run "
         "`nox -s matrix -- --update` and commit the file. Changed cells:\n" + "\n".join(changed)
     )
+
+
+def test_the_matrix_runs_the_parallelism_stage() -> None:
+    """A registered row whose options ask for a degree the devices cannot hold is
+    refused by the parallelism stage: the matrix says so, as plan() does (a cell the
+    sampled comparison above would rarely pick)."""
+    model_parallel = interlock.strategy_specs()["model_parallel"]
+    spec = dataclasses.replace(model_parallel, name="matrix_test_tp3",
+                               options={"tensor_parallel_size": 3})
+    interlock.register_strategy(spec)
+    try:
+        space = dataclasses.replace(FLAG_SPACE, accelerators=("cpu",), devices=(2,),
+                                    precisions=("32-true",), num_nodes=(1,),
+                                    strategy_names=("matrix_test_tp3",))
+        profile = profile_named("cpu-laptop")
+        cell, outcome = next((cell, outcome) for cell, outcome in evaluate(profile, space)
+                             if cell.strategy == "matrix_test_tp3")
+        assert outcome == "invalid-parallelism parallelism", outcome
+        assert outcome == _direct(profile.name, cell)
+    finally:
+        interlock.unregister_strategy(spec.name)
 
 
 def test_differences_read_well() -> None:

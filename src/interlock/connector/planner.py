@@ -27,13 +27,16 @@ from interlock.connector.stages.cluster import ClusterInput, choose_cluster
 from interlock.connector.stages.devices import DevicesInput, place_devices
 from interlock.connector.stages.flags import plugin_kind, read_flags
 from interlock.connector.stages.memory import MemoryInput, estimate_memory
-from interlock.connector.stages.parallelism import ParallelismInput, choose_parallelism
+from interlock.connector.stages.parallelism import (
+    ParallelismInput,
+    choose_parallelism,
+    given_degrees,
+)
 from interlock.connector.stages.plugins import PluginsInput, choose_plugins
 from interlock.connector.stages.precision import PrecisionInput, choose_precision
 from interlock.connector.stages.sizing import read_sizing
 from interlock.connector.stages.strategy import StrategyInput, choose_strategy
 from interlock.connector.tables import (
-    LEGACY_DEGREE_OPTIONS,
     RESTART_BACKOFF_FACTOR,
     RESTART_BACKOFF_S,
     RESTART_MAX_BACKOFF_S,
@@ -310,20 +313,6 @@ def _exact_parallelism(value: object) -> object:
     return _exact(value)
 
 
-def _legacy_degrees(spec: StrategySpec, instance: object) -> tuple[dict[str, object], str]:
-    """A strategy's older degree options (`LEGACY_DEGREE_OPTIONS`), as given: by the
-    strategy instance (its ``degree_options()``), else by the row's options."""
-    reader = getattr(instance, "degree_options", None)
-    if callable(reader):
-        given = reader()
-        if isinstance(given, Mapping):
-            options = {k: v for k, v in given.items() if k in LEGACY_DEGREE_OPTIONS}
-            if options:
-                return options, f"the {type(instance).__name__} instance"
-    options = {k: v for k, v in spec.options.items() if k in LEGACY_DEGREE_OPTIONS}
-    return options, f"the options of strategy {spec.name!r}"
-
-
 def plan(
     accelerator: AcceleratorFlag = "auto",
     devices: DevicesFlag = "auto",
@@ -552,7 +541,7 @@ def _chain(machine: Machine, specs: Mapping[str, StrategySpec], written: Written
             explicit=flags.strategy != "auto",
             requested=flags.precision, plugin=flags.plugins.precision), written)
         trace += precision.trace
-        legacy, legacy_source = _legacy_degrees(strategy.spec, flags.strategy_instance)
+        legacy, legacy_source = given_degrees(strategy.spec, flags.strategy_instance)
         layout = choose_parallelism(ParallelismInput(
             parts=parts, specs=specs, spec=strategy.spec, accelerator=accelerator.name,
             precision=precision.name, devices_per_node=len(strategy.parallel_devices),

@@ -3,7 +3,9 @@
 Calling `plan()` per cell would take minutes. Each stage depends on few inputs: the
 flags stage on each flag alone; the accelerator, devices and cluster stages on
 (accelerator, devices, num_nodes); the strategy stage on those plus the strategy; the
-precision and plugins stages on (accelerator, strategy row, precision). So each stage
+precision, parallelism and plugins stages on (accelerator, strategy row, precision,
+processes per node, num_nodes). The sizing and memory stages have nothing to decide
+without a model, which no cell gives. So each stage
 function of `interlock.connector.stages` runs once per distinct input (memoised by the
 parsed values its input declares), and a cell's outcome is the first refusal in the
 engine's order, or the plan assembled from the stages' results. A test compares this
@@ -23,6 +25,11 @@ from interlock.connector.stages.accelerator import AcceleratorInput, choose_acce
 from interlock.connector.stages.cluster import ClusterChoice, ClusterInput, choose_cluster
 from interlock.connector.stages.devices import DevicesInput, place_devices
 from interlock.connector.stages.flags import Flags, OneFlag, read_flag
+from interlock.connector.stages.parallelism import (
+    ParallelismInput,
+    choose_parallelism,
+    given_degrees,
+)
 from interlock.connector.stages.plugins import PluginsInput, choose_plugins
 from interlock.connector.stages.precision import PrecisionInput, choose_precision
 from interlock.connector.stages.strategy import StrategyChoice, StrategyInput, choose_strategy
@@ -132,6 +139,12 @@ def evaluate(profile: Profile, space: FlagSpace = FLAG_SPACE) -> Iterator[tuple[
                 precision = choose_precision(PrecisionInput(
                     machine=machine, parts=parts, accelerator=accelerator, spec=spec,
                     explicit=explicit, requested=p.precision))
+                legacy, legacy_source = given_degrees(spec)
+                choose_parallelism(ParallelismInput(
+                    parts=parts, specs=specs, spec=spec, accelerator=accelerator,
+                    precision=precision.name,
+                    devices_per_node=len(choice.parallel_devices), num_nodes=n.num_nodes,
+                    legacy=legacy, legacy_source=legacy_source))
                 choose_plugins(PluginsInput(parts=parts, accelerator=accelerator))
                 world_size = len(choice.parallel_devices) * n.num_nodes
                 checked[key] = (f"ok {spec.name} {choice.launcher or '-'} "

@@ -493,6 +493,21 @@ PARALLELISM_STAGE = Stage(
 )
 
 
+def given_degrees(spec: StrategySpec, instance: object = None) -> tuple[dict[str, object], str]:
+    """A strategy's older degree options (`LEGACY_DEGREE_OPTIONS`), as given: by the
+    strategy instance (its ``degree_options()``), else by the row's options; with who
+    gave them, in words (:class:`ParallelismInput`'s ``legacy`` and ``legacy_source``)."""
+    reader = getattr(instance, "degree_options", None)
+    if callable(reader):
+        given = reader()
+        if isinstance(given, Mapping):
+            options = {k: v for k, v in given.items() if k in LEGACY_DEGREE_OPTIONS}
+            if options:
+                return options, f"the {type(instance).__name__} instance"
+    options = {k: v for k, v in spec.options.items() if k in LEGACY_DEGREE_OPTIONS}
+    return options, f"the options of strategy {spec.name!r}"
+
+
 def choose_parallelism(inputs: ParallelismInput) -> ParallelismChoice:
     """The parallelism stage.
 
