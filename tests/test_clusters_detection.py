@@ -329,28 +329,38 @@ def _clean_environ() -> dict[str, str]:
     return env
 
 
-def test_two_processes_started_elsewhere_join_one_world(tmp_path: Path) -> None:
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER, encoding="utf-8")
+def _start_world(directory: Path, source: str) -> list[subprocess.Popen[str]]:
+    """Two processes running ``source``, started as a cluster launcher would start them
+    (the env:// variables only), each in a process group of its own."""
+    script = directory / "worker.py"
+    script.write_text(source, encoding="utf-8")
     base = {**_clean_environ(), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(_free_port())}
-    procs = [
-        subprocess.Popen([sys.executable, str(script)], cwd=tmp_path,
+    return [
+        subprocess.Popen([sys.executable, str(script)], cwd=directory,
                          env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank)},
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
         for rank in range(2)
     ]
+
+
+def _end_world(procs: list[subprocess.Popen[str]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)  # the whole group: anything it may have started
+            proc.wait()
+
+
+def test_two_processes_started_elsewhere_join_one_world(tmp_path: Path) -> None:
+    procs = _start_world(tmp_path, WORKER)
     outputs: list[tuple[int, str, str]] = []
     try:
         for proc in procs:
             out, err = proc.communicate(timeout=90)
             outputs.append((proc.returncode, out, err))
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, 9)  # the whole group: anything it may have started
-                proc.wait()
+        _end_world(procs)
     for code, out, err in outputs:
         assert code == 0, f"a worker failed (exit {code}):\n{out}\n{err}"
     lines = [line for _, out, _ in outputs for line in out.splitlines()
@@ -388,17 +398,7 @@ def test_a_rank_failing_after_its_peer_lets_that_peer_exit_first(tmp_path: Path)
     """mpirun and srun name the first process to exit with an error. Rank 0's barrier
     breaks because rank 1 failed; rank 0 then waits for rank 1 to exit first, so that
     such a launcher names rank 1, the cause, not rank 0."""
-    script = tmp_path / "worker.py"
-    script.write_text(FAILING_WORKER, encoding="utf-8")
-    base = {**_clean_environ(), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(_free_port())}
-    procs = [
-        subprocess.Popen([sys.executable, str(script)], cwd=tmp_path,
-                         env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                         stdout=subprocess.DEVNULL, stderr=(tmp_path / f"{rank}.err").open("w"),
-                         start_new_session=True)
-        for rank in range(2)
-    ]
+    procs = _start_world(tmp_path, FAILING_WORKER)
     order: list[int] = []
     deadline = time.monotonic() + 60
     try:
@@ -407,11 +407,8 @@ def test_a_rank_failing_after_its_peer_lets_that_peer_exit_first(tmp_path: Path)
                       if rank not in order and proc.poll() is not None]
             time.sleep(0.01)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, 9)
-                proc.wait()
-    errors = [(tmp_path / f"{rank}.err").read_text() for rank in range(2)]
+        _end_world(procs)
+    errors = [proc.communicate()[1] for proc in procs]
     assert len(order) == 2, f"the job did not end: {errors}"
     assert all(proc.returncode != 0 for proc in procs), errors
     assert "rank 1 breaks on purpose" in errors[1], errors[1]

@@ -400,7 +400,7 @@ def test_a_failed_child_ends_the_job_wherever_rank_zero_is(tmp_path: Path, where
         assert blocked in stderr, stderr[-3000:]
         assert "in work" in stderr  # the stack shows the user's function that blocks
     else:
-        stuck = "rank 1 recorded its failure 5s ago and has not exited"
+        stuck = "rank 1 recorded its failure 2s ago and has not exited"
         assert (stuck in stderr) == (where == "exit"), stderr[-3000:]
         assert blocked not in stderr, stderr[-3000:]
         assert "RankFailedError" in stderr  # rank 0's own exception, raised as usual

@@ -270,10 +270,11 @@ class ParallelStrategy(Strategy):
 
     def _announce_failure(self, exc: BaseException) -> int | None:
         # Only a launcher that names the first process to exit needs this (mpirun,
-        # srun, torchrun); interlock's own launchers compare the recorded failure times.
+        # srun, torchrun); interlock's own launchers give their workers an error file
+        # (the script launcher's children run under "external" too) and compare the
+        # recorded failure times.
         named_by_exit = (self._launcher_name() == "external"
-                         and ERROR_FILE_ENV not in os.environ
-                         and RENDEZVOUS_ENV not in os.environ)
+                         and ERROR_FILE_ENV not in os.environ)
         if self._return_watch is None or not named_by_exit:
             return None
         return self._return_watch.failed(exc)

@@ -32,6 +32,12 @@ RENDEZVOUS_ENV = "INTERLOCK_RENDEZVOUS"
 RANK0_SERVES_ENV = "INTERLOCK_RANK0_SERVES"
 #: Where a worker started by the script launcher writes its traceback on failure.
 ERROR_FILE_ENV = "INTERLOCK_ERROR_FILE"
+#: Seconds a worker that recorded its failure has to exit before its launcher stops it
+#: and goes on as if it had exited. A failed worker records, tears down, then exits;
+#: one can also never exit (a process group freed at shutdown joins threads that never
+#: end, a thread that is not a daemon keeps the interpreter waiting), and while it
+#: lives its connections stay open, so its peers' collectives do not fail either.
+RECORDED_EXIT_GRACE_S = 2.0
 
 WorkerEntry = Callable[..., Any]
 

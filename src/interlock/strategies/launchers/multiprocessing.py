@@ -20,6 +20,7 @@ import torch.multiprocessing as mp
 from interlock.connector.tables import LAUNCHERS
 from interlock.strategies.launchers.base import (
     ERROR_FILE_ENV,
+    RECORDED_EXIT_GRACE_S,
     Launcher,
     LaunchError,
     RankFailedError,
@@ -182,7 +183,8 @@ class _signals_held:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, self.held)
 
 
-def _join(context: Any, first_rank: int, errors: str, grace: float = 2.0) -> None:
+def _join(context: Any, first_rank: int, errors: str,
+          grace: float = RECORDED_EXIT_GRACE_S) -> None:
     try:
         while not context.join(timeout=0.05):
             if read_failures(errors):

@@ -26,6 +26,7 @@ from interlock.strategies.launchers import history as launch_history
 from interlock.strategies.launchers.base import (
     ERROR_FILE_ENV,
     RANK0_SERVES_ENV,
+    RECORDED_EXIT_GRACE_S,
     RENDEZVOUS_ENV,
     Launcher,
     LaunchError,
@@ -277,9 +278,6 @@ _CHILD_INTERRUPTED = 128 + int(signal.SIGINT)
 #: that does not notice its peer is gone, a process-group teardown) would otherwise
 #: wait for the process group's timeout, 30 minutes by default.
 FAILURE_GRACE_S = 30.0
-#: Seconds a child that recorded its failure has to exit before the watcher kills it
-#: and goes on as if it had exited. Its teardown comes between the two.
-RECORDED_EXIT_S = 5.0
 #: rank 0's exit code when the watcher ends the job for it (an uncaught exception's)
 _BLOCKED_EXIT_CODE = 1
 
@@ -324,14 +322,8 @@ class _Watcher(threading.Thread):
                 return
 
     def _recorded_but_running(self) -> tuple[int, int] | None:
-        """A child that recorded its failure :data:`RECORDED_EXIT_S` seconds ago and
-        still runs, killed: its failure, as if it had exited.
-
-        A failed rank records its failure, tears down and exits, and its exit is what
-        this watcher waits for. A failed rank can also stay for ever (a process group
-        freed at shutdown joins threads that never end; a thread that is not a daemon
-        keeps the interpreter waiting), and while it lives its connections stay open,
-        so rank 0's collective with it does not fail either."""
+        """A child still running :data:`RECORDED_EXIT_GRACE_S` seconds after it recorded
+        its failure, killed: its failure, as if it had exited."""
         now = time.monotonic()
         for rank in read_failures(self.errors):
             index = rank - self.first_rank
@@ -339,7 +331,7 @@ class _Watcher(threading.Thread):
             if child is None:
                 continue  # rank 0's own record
             seen = self._recorded.setdefault(index, now)
-            if child.poll() is None and now - seen >= RECORDED_EXIT_S:
+            if child.poll() is None and now - seen >= RECORDED_EXIT_GRACE_S:
                 print(f"interlock: rank {rank} recorded its failure {now - seen:.0f}s ago "
                       "and has not exited (stuck in its teardown or its interpreter's "
                       "shutdown); killing it", file=sys.stderr, flush=True)
