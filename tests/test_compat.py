@@ -130,6 +130,19 @@ def markdown() -> str:
     return render_markdown(report=None)
 
 
+@pytest.fixture(scope="module")
+def html_page() -> str:
+    """The HTML page without a report, rendered once (under typeguard) for the tests
+    that read it."""
+    return render_html(report=None)
+
+
+@pytest.fixture(scope="module")
+def data() -> compat.Compatibility:
+    """The compatibility data without a report, computed once."""
+    return compute()
+
+
 # --------------------------------------------------------------------------- fake reports
 
 
@@ -220,18 +233,18 @@ def test_cuda_table_says_packages_are_installed(markdown: str) -> None:
     assert "missing-package" not in section
 
 
-def test_presets_paragraph_printed_once(markdown: str) -> None:
+def test_presets_paragraph_printed_once(markdown: str, html_page: str) -> None:
     flat = " ".join(markdown.split())
     assert flat.count("Presets are not shown as rows") == 1
     assert "`ddp_find_unused_parameters_true` (of `ddp`)" in flat
     assert "| ddp_find_unused_parameters_true" not in markdown
-    page = render_html(report=None)
-    assert page.count("Presets are not shown as rows") == 1
+    assert html_page.count("Presets are not shown as rows") == 1
 
 
 # --------------------------------------------------------------------------- readability
 
 
+@fast_render
 def test_markdown_lines_are_short(markdown: str, tmp_path: Path) -> None:
     # The widest case: every cell of the cuda and xla tables verified, with notes.
     records = [_record(strategy=s.name, runner=r, precision=p)
@@ -248,8 +261,8 @@ def test_markdown_lines_are_short(markdown: str, tmp_path: Path) -> None:
         assert not prose, prose
 
 
-def test_each_distinct_reason_printed_once_per_table(markdown: str) -> None:
-    data = compute()
+def test_each_distinct_reason_printed_once_per_table(markdown: str,
+                                                    data: compat.Compatibility) -> None:
     grids = [(_accelerator(markdown, t.accelerator), t.grid) for t in data.accelerators]
     grids.append((_environments(markdown), data.environments.grid))
     for section, grid in grids:
@@ -451,6 +464,7 @@ def test_verified_cell_names_runner_and_date(tmp_path: Path) -> None:
     assert note is not None and "undated report" in _notes(_accelerator(text, "cpu"))[note]
 
 
+@fast_render
 def test_multiple_reports_merge(tmp_path: Path) -> None:
     _write_report(tmp_path, [_declaration(), _record(), _record(precision="16-true")],
                   date="2030-01-02", runners={"cpu": "cpu"})
@@ -519,8 +533,8 @@ def test_markdown_is_stable_and_machine_free(markdown: str) -> None:
 # --------------------------------------------------------------------------- html
 
 
-def test_html_is_self_contained() -> None:
-    page = render_html(report=None)
+def test_html_is_self_contained(html_page: str) -> None:
+    page = html_page
     assert page.startswith("<!DOCTYPE html>")
     assert "<script" not in page
     external = re.findall(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", page)
@@ -528,6 +542,7 @@ def test_html_is_self_contained() -> None:
     assert "<style>" in page
 
 
+@fast_render
 def test_html_fits_1000px() -> None:
     page = render_html(report=ROOT / DOCS_DIR)
     css = page.split("<style>", 1)[1].split("</style>", 1)[0]
@@ -546,8 +561,8 @@ def test_html_fits_1000px() -> None:
         assert widest <= 12, f"an unbreakable piece of {widest} characters"
 
 
-def test_html_marks_refusals_with_full_reason() -> None:
-    page = render_html(report=None)
+def test_html_marks_refusals_with_full_reason(html_page: str) -> None:
+    page = html_page
     machine = profile_named("cpu-extras").machine
     with pytest.raises(interlock.ResolutionError) as info:
         interlock.plan(accelerator="cpu", devices=2, strategy="fsdp", precision="64-true",
@@ -609,8 +624,7 @@ def test_markdown_notes_escape_reasons() -> None:
     assert "<i>" not in note and "*x*" not in note and "|" not in note
 
 
-def test_compute_covers_every_accelerator_and_strategy() -> None:
-    data = compute()
+def test_compute_covers_every_accelerator_and_strategy(data: compat.Compatibility) -> None:
     assert [t.accelerator for t in data.accelerators] == ["cpu", "cuda", "mps", "xla"]
     names = [spec.name for spec, _ in data.accelerators[0].grid.rows]
     assert "ddp" in names and "deepspeed_stage_3" in names
@@ -759,7 +773,7 @@ def test_parallelism_cells(markdown: str, profile: str, layout: str, strategy: s
     assert _split_note(_parallelism_cell(section, layout, strategy))[0] == expected
 
 
-def test_parallelism_section_notes_and_links(markdown: str) -> None:
+def test_parallelism_section_notes_and_links(markdown: str, html_page: str) -> None:
     section = _md_section(markdown, "Parallelism")
     assert "[parallelism.md](parallelism.md)" in section
     for layout in par.LAYOUTS:
@@ -776,7 +790,7 @@ def test_parallelism_section_notes_and_links(markdown: str) -> None:
     for part in _parallelism_profiles(markdown).values():
         notes = _notes(part)
         assert len(set(notes.values())) == len(notes), f"a note repeats: {notes}"
-    page = render_html(report=None)
+    page = html_page
     assert "<h2>Parallelism</h2>" in page and '<a href="parallelism.md">' in page
     assert '<td class="declared">pp2·<wbr>dp_shard2·<wbr>tp2</td>' in page
     assert re.search(r'<td class="declared" title="tp=8 is more than[^"]*">tp8<sup><a '

@@ -75,11 +75,30 @@ def _prefix(what: str) -> Callable[[str], str]:
     return lambda message: f"{what}: {message}"
 
 
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory: pytest.TempPathFactory
+                ) -> Callable[..., dict[str, torch.Tensor]]:
+    """The script trained by one process (single_device) with the given arguments,
+    each set of arguments trained once for the module: the baseline several tests
+    compare with."""
+    done: dict[tuple[str, ...], dict[str, torch.Tensor]] = {}
+
+    def train(*args: str) -> dict[str, torch.Tensor]:
+        if args not in done:
+            done[args] = trained(tmp_path_factory.mktemp("single"), "single",
+                                 "--strategy", "single_device", *args)
+        return done[args]
+
+    return train
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn", "ddp_fork", "fsdp", "model_parallel"])
-def test_two_ranks_match_one_process(tmp_path: Path, strategy: str) -> None:
+def test_two_ranks_match_one_process(tmp_path: Path, strategy: str,
+                                     one_process: Callable[..., dict[str, torch.Tensor]]
+                                     ) -> None:
     common = ("--steps", "12", "--batch-size", "16")
-    single = trained(tmp_path, "single", "--strategy", "single_device", *common)
+    single = one_process(*common)
     double = trained(tmp_path, strategy, "--strategy", strategy, "--devices", "2", *common)
     assert_close_params(double, single, f"{strategy} vs single_device")
 
