@@ -382,10 +382,15 @@ def cluster(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def slow(session: nox.Session) -> None:
-    """The slow tier: layouts of more ranks than cores (a 3-D pp x dp_shard x tp mesh
-    on 8 CPU ranks), left out of the default run."""
+    """The slow tier, left out of the default run: layouts of more ranks than cores (a
+    3-D pp x dp_shard x tp mesh on 8 CPU ranks), the suite's meta-runs (the whole suite
+    against the broken strategies, and its fault checks), and cases the default tier and
+    the conformance suite cover another way. In parallel, a file per worker, as
+    ``tests``."""
     _install(session, "test")
-    session.run("pytest", "-m", "slow", "--typeguard-packages=interlock", *session.posargs)
+    workers = os.environ.get("INTERLOCK_TEST_WORKERS", "auto")
+    session.run("pytest", "-m", "slow", "-n", workers, "--dist", "loadfile",
+                "--typeguard-packages=interlock", *session.posargs)
 
 
 #: runs the soak makes unless told otherwise (each is one faulted training launch)

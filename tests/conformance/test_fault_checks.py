@@ -42,6 +42,12 @@ def _ours(marker: str) -> list[str]:
     return found
 
 
+#: the tests that read the suite's fault run are in the slow tier (``nox -s slow``, which
+#: CI runs): restarts under real launchers, about two minutes of both cores; the rest of
+#: this file stays in the default tier
+slow = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def fault_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One suite run: ddp_fork, a strategy whose load drops the optimizer state (it
@@ -72,6 +78,7 @@ def _records(run: dict[str, Any], strategy: str) -> dict[str, dict[str, str]]:
             if r["strategy"] == strategy and r["check"] in SURVIVES}
 
 
+@slow
 @pytest.mark.timeout(900)
 def test_the_fault_checks_pass_for_ddp_fork(fault_run: dict[str, Any]) -> None:
     records = _records(fault_run, "ddp_fork")
@@ -83,6 +90,7 @@ def test_the_fault_checks_pass_for_ddp_fork(fault_run: dict[str, Any]) -> None:
     assert not fault_run["left"], f"processes left behind: {fault_run['left']}"
 
 
+@slow
 @pytest.mark.timeout(900)
 def test_a_load_that_loses_the_optimizer_state_fails(fault_run: dict[str, Any]) -> None:
     record = _records(fault_run, "broken_loses_optimizer_state_on_load")["survives_kill"]
@@ -92,6 +100,7 @@ def test_a_load_that_loses_the_optimizer_state_fails(fault_run: dict[str, Any]) 
     assert not fault_run["left"], f"processes left behind: {fault_run['left']}"
 
 
+@slow
 @pytest.mark.timeout(900)
 def test_a_strategy_not_declaring_elastic_is_skipped(fault_run: dict[str, Any]) -> None:
     records = _records(fault_run, "correct_ddp_subclass")
@@ -141,6 +150,7 @@ def _record(run: dict[str, Any], strategy: str, check: str) -> dict[str, str]:
     return record
 
 
+@slow
 @pytest.mark.timeout(900)
 def test_the_recipe_checks_pass_for_ddp_fork(fault_run: dict[str, Any]) -> None:
     for check in ("recipe_parity", "recipe_resume"):
@@ -148,6 +158,7 @@ def test_the_recipe_checks_pass_for_ddp_fork(fault_run: dict[str, Any]) -> None:
         assert record["status"] == "passed", record
 
 
+@slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("strategy", list(RESUME_BUGS))
 def test_a_restart_that_changes_the_recipe_fails_recipe_resume(

@@ -9,6 +9,11 @@ from typing import Any
 import pytest
 from suite_runs import run_suite
 
+#: the slow tier (``nox -s slow``, which CI runs): one run of the whole suite over
+#: sixteen strategies, about two minutes of both cores. The checks change rarely;
+#: after changing one, run ``nox -s slow`` before CI does.
+pytestmark = pytest.mark.slow
+
 #: strategy -> the checks its bug must fail (at world size 2, 32-true)
 EXPECTED_FAILURES: dict[str, set[str]] = {
     # summed gradients: every parity check, and the norm clipping measures doubles

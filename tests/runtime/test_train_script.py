@@ -92,8 +92,12 @@ def one_process(tmp_path_factory: pytest.TempPathFactory
     return train
 
 
+#: model_parallel through the script is in the slow tier: the script launcher is ddp's
+#: and fsdp's too, and model_parallel's parity at world size 2 is the conformance suite's
+#: training_parity and mesh_tp, which the README's main job runs
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn", "ddp_fork", "fsdp", "model_parallel"])
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn", "ddp_fork", "fsdp",
+                                      pytest.param("model_parallel", marks=pytest.mark.slow)])
 def test_two_ranks_match_one_process(tmp_path: Path, strategy: str,
                                      one_process: Callable[..., dict[str, torch.Tensor]]
                                      ) -> None:
@@ -103,8 +107,14 @@ def test_two_ranks_match_one_process(tmp_path: Path, strategy: str,
     assert_close_params(double, single, f"{strategy} vs single_device")
 
 
+#: the script's --precision through to the ranks, loosely against one process: 16-mixed
+#: (the grad scaler) in the default tier; the others in the slow tier, since every
+#: precision's parity at world size 2 is the conformance suite's training_parity check,
+#: which the README's main job runs for every strategy
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed", "64-true"])
+@pytest.mark.parametrize("precision", [
+    pytest.param("bf16-mixed", marks=pytest.mark.slow), "16-mixed",
+    pytest.param("64-true", marks=pytest.mark.slow)])
 def test_precisions_run_and_match_loosely(tmp_path: Path, precision: str) -> None:
     common = ("--steps", "8", "--precision", precision)
     single = trained(tmp_path, "single", "--strategy", "single_device", *common)
@@ -127,8 +137,11 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     assert_close_params(resumed, straight, "resumed vs straight", rtol=0.0, atol=0.0)
 
 
+#: model_parallel in the slow tier: its restart resuming bit for bit is the conformance
+#: suite's recipe_resume, which the README's main job runs
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("strategy", ["fsdp", "model_parallel"])
+@pytest.mark.parametrize("strategy", ["fsdp", pytest.param("model_parallel",
+                                                           marks=pytest.mark.slow)])
 def test_sharded_strategies_resume_exactly(tmp_path: Path, strategy: str) -> None:
     ckpt = tmp_path / "ckpt" / "last"
     common = ("--strategy", strategy, "--devices", "2", "--precision", "bf16-mixed")
