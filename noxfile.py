@@ -35,18 +35,23 @@ def _install(session: nox.Session, extra: str) -> None:
     session.install("-e", f".[{extra}]", TORCH)
 
 
+def _test_workers() -> str:
+    """pytest-xdist's ``-n`` for the test tiers: ``INTERLOCK_TEST_WORKERS``, else one
+    worker per core."""
+    return os.environ.get("INTERLOCK_TEST_WORKERS", "auto")
+
+
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The test suite, in parallel, under typeguard's import hook for interlock.
 
-    ``--dist loadfile`` keeps each file on one worker: a module-scoped fixture (the
-    suite's meta-runs, minutes each) then runs once, not once per worker that got one
-    of its tests."""
+    ``--dist loadfile`` keeps each file on one worker: a module-scoped fixture (a run
+    of the suite, up to minutes) then runs once, not once per worker that got one of
+    its tests."""
     _install(session, "test")
-    workers = os.environ.get("INTERLOCK_TEST_WORKERS", "auto")
     session.run(
-        "pytest", "-n", workers, "--dist", "loadfile", "--typeguard-packages=interlock",
-        *session.posargs
+        "pytest", "-n", _test_workers(), "--dist", "loadfile",
+        "--typeguard-packages=interlock", *session.posargs
     )
 
 
@@ -388,8 +393,7 @@ def slow(session: nox.Session) -> None:
     the conformance suite cover another way. In parallel, a file per worker, as
     ``tests``."""
     _install(session, "test")
-    workers = os.environ.get("INTERLOCK_TEST_WORKERS", "auto")
-    session.run("pytest", "-m", "slow", "-n", workers, "--dist", "loadfile",
+    session.run("pytest", "-m", "slow", "-n", _test_workers(), "--dist", "loadfile",
                 "--typeguard-packages=interlock", *session.posargs)
 
 
