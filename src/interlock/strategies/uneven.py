@@ -15,6 +15,15 @@ are reduced), this rank is waiting for a rank that is gone. It records an
 
 A rank that fails announces that too (:meth:`ReturnWatch.failed`), so that a peer
 whose collective then breaks knows which rank failed first.
+
+The watcher talks to the store through a clone of its own (torch's way to use a store
+from two threads) and is not a daemon thread: a daemon thread that comes back from a
+store operation while the interpreter is shutting down ends the process with SIGABRT
+("terminate called without an active exception"), and a rank that did everything right
+would be reported as killed by a signal. Teardown waits for the watcher instead (one
+poll and one store operation: a store operation is answered at once, unless the
+process serving the store has stopped), and the watcher also stops by itself once the
+main thread has ended, for the interpreter waits for it too.
 """
 
 from __future__ import annotations
@@ -109,6 +118,8 @@ class ReturnWatch:
         self.rank = rank
         self.world_size = world_size
         self._store: dist.Store | None = None
+        #: the watcher thread's own client of the store
+        self._watch_store: dist.Store | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # peers seen returned, kept: the store may go with the rank that hosts it
@@ -120,10 +131,14 @@ class ReturnWatch:
             return
         try:
             self._store = dist.distributed_c10d._get_default_store()
-        except (RuntimeError, ValueError, AttributeError):
-            return  # no store to talk through: the process group's timeout still applies
-        self._thread = threading.Thread(target=self._watch, name="interlock-return-watch",
-                                        daemon=True)
+            self._watch_store = self._store.clone()  # type: ignore[attr-defined]  # not in the stubs
+        except (RuntimeError, ValueError, AttributeError, NotImplementedError):
+            # no store to talk through (or none this thread may use): the process
+            # group's timeout still applies
+            self._watch_store = None
+            return
+        # not a daemon: see the module's docstring
+        self._thread = threading.Thread(target=self._watch, name="interlock-return-watch")
         self._thread.start()
 
     def returned(self) -> None:
@@ -137,21 +152,23 @@ class ReturnWatch:
                 pass  # the store is gone with a peer: nothing is waiting for this rank
 
     def stop(self) -> None:
-        """Stop watching (teardown)."""
+        """Stop watching (teardown): returns once the watcher has ended."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=2 * POLL_S)
+            self._thread.join()
         self._thread = None
+        self._watch_store = None
 
     def _peers_returned(self, store: dist.Store) -> list[int]:
         peers = [r for r in range(self.world_size) if r != self.rank]
         return [r for r in peers if store.check([_key(self.generation, r)])]
 
     def _watch(self) -> None:
-        main = threading.main_thread().ident
-        store = self._store
+        main_thread = threading.main_thread()
+        main = main_thread.ident
+        store = self._watch_store
         since: tuple[FrameType, float] | None = None
-        while store is not None and not self._stop.wait(POLL_S):
+        while store is not None and not self._stop.wait(POLL_S) and main_thread.is_alive():
             try:
                 # one store operation per poll, whatever the world size
                 if store.add(_count_key(self.generation), 0) == 0:
