@@ -25,17 +25,19 @@ from interlock.matrix.compat import (
     MAX_MARKDOWN_LINE,
     compute,
     environment_devices,
+    reason_template,
+    render_html,
+    render_markdown,
+)
+from interlock.matrix.doctor import doctor_report, main, runners
+from interlock.matrix.profiles import profile_named
+from interlock.matrix.reports import (
     load_report,
     merge_reports,
     read_report,
     read_reports,
-    reason_template,
-    render_html,
-    render_markdown,
     report_files,
 )
-from interlock.matrix.doctor import doctor_report, main, runners
-from interlock.matrix.profiles import profile_named
 
 ROOT = Path(__file__).resolve().parents[1]
 REGENERATE = "run `python -m interlock.matrix.compat` from the repository root to regenerate it"

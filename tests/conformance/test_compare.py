@@ -26,7 +26,7 @@ from interlock.conformance.compare import (
 from interlock.conformance.options import SuiteOptions, validate
 from interlock.conformance.report import REPORT_SCHEMA, Declaration, Record, write_report
 from interlock.conformance.table import CHECKS
-from interlock.matrix.compat import read_report
+from interlock.matrix.reports import read_report
 
 ROOT = Path(__file__).resolve().parents[2]
 #: a report the suite wrote before reports had a schema (0.1.0 before its release)

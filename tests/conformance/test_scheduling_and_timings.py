@@ -21,7 +21,7 @@ from interlock.conformance.launch_checks import (
     suite_timeout,
 )
 from interlock.conformance.plugin import launch_cost
-from interlock.matrix.compat import read_report
+from interlock.matrix.reports import read_report
 
 HERE = Path(__file__).resolve().parent
 #: two world sizes of a strategy that needs no other process: two launches, cheap

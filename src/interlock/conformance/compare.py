@@ -2,7 +2,7 @@
 
 ``interlock conformance --compare OLD NEW`` prints :func:`render` of :func:`compare` and
 exits with :attr:`Comparison.exit_code` (2 on a :class:`ReportFileError`). Which cells a
-report verifies is :func:`interlock.matrix.compat.read_report`'s rule, not one of this
+report verifies is :func:`interlock.matrix.reports.read_report`'s rule, not one of this
 module's. It imports neither torch nor pytest: it runs where only interlock is installed.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import interlock
 from interlock.conformance.report import REPORT_SCHEMA, Record
-from interlock.matrix.compat import Key, read_report
+from interlock.matrix.reports import Key, read_report
 
 #: every status a record may have, in the scorecard's order
 STATUSES = ("passed", "failed", "skipped", "xfailed", "not run")
