@@ -49,6 +49,8 @@ def test_skip_and_strict_xfail_files_and_unknown_entries(tmp_path: Path) -> None
     # lifecycle passes, so its strict xfail turns into a failure of the run
     assert done.returncode == 1, output
     assert "XPASS(strict)" in output, output
+    # the launch's log went with the work directory: the summary says how to keep it
+    assert "run again with --keep-workdir" in output, output
     records = {(r["precision"], r["check"]): r for r in
                json.loads(report.read_text())["records"]}
     assert records[("32-true", "training_parity")]["status"] == "skipped"
@@ -154,6 +156,7 @@ def test_the_suite_runs_under_its_own_settings_and_cleans_up(tmp_path: Path) -> 
     kept = run_cli(*CHEAP, "--keep-workdir", cwd=project, env=env)
     assert kept.returncode == 0, kept.stdout + kept.stderr
     assert "work directory kept: " in kept.stdout
+    assert "run again with --keep-workdir" not in output + kept.stdout  # nothing failed
     kept_dirs = [p.name for p in temp.iterdir() if p.name.startswith("interlock")]
     assert len(kept_dirs) == 1 and kept_dirs[0].startswith("interlock-conformance-")
 

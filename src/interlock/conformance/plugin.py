@@ -552,6 +552,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
         terminalreporter.write_line("partial run (--checks): its report verifies no cell")
     if state.options.keep_workdir:
         terminalreporter.write_line(f"work directory kept: {state.workdir}")
+    elif bad:
+        # a rank that crashed in native code leaves its reason only in the log
+        terminalreporter.write_line(
+            "each launch's log (every rank's output) went with the work directory: run "
+            "again with --keep-workdir (under pytest, --interlock-keep-workdir) to read it")
     path = state.options.report
     if path is not None and exitstatus == pytest.ExitCode.INTERRUPTED:
         # a partial run would verify cells on part of the evidence
