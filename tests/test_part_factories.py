@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+import interlock
+from interlock import InterlockDeprecationWarning, Machine
 from interlock.connector.parts_registry import (
     ACCELERATOR_REGISTRY,
     ENVIRONMENT_REGISTRY,
@@ -56,6 +58,45 @@ def test_accelerator_factory_is_the_class_of_that_name(row: AcceleratorRow) -> N
     assert isinstance(cls, type) and issubclass(cls, Accelerator), row.factory
     assert cls.name == row.name, f"{row.factory}.name is {cls.name!r}, the row {row.name!r}"
     assert type(accelerator_for(row.name)) is cls, "accelerator_for builds another class"
+
+
+def test_an_accelerator_class_needs_no_device_counting_of_its_own() -> None:
+    """Devices come from the engine's Machine: an accelerator implements setup only."""
+    import torch
+
+    from interlock.strategies.accelerators import Accelerator
+
+    class Plain(Accelerator):
+        name = "cpu"
+
+    accelerator = Plain()
+    assert accelerator.parse_devices(2, Machine()) == ("cpu", "cpu")
+    accelerator.setup_device(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("machine", [Machine(), Machine(cuda_devices=4)],
+                         ids=["no-gpu", "4-gpus"])
+def test_the_deprecated_device_counters_answer_as_plan_does(
+        machine: Machine, monkeypatch: pytest.MonkeyPatch) -> None:
+    from interlock.strategies.accelerators.cpu import CPUAccelerator
+    from interlock.strategies.accelerators.cuda import CUDAAccelerator
+
+    monkeypatch.setattr(Machine, "probe", classmethod(lambda cls: machine))
+    with pytest.warns(InterlockDeprecationWarning,
+                      match=r"CUDAAccelerator\.is_available\(\) is deprecated"):
+        available = CUDAAccelerator.is_available()
+    with pytest.warns(InterlockDeprecationWarning,
+                      match=r"CUDAAccelerator\.auto_device_count\(\) is deprecated"):
+        count = CUDAAccelerator.auto_device_count()
+    if machine.cuda_devices:
+        planned = interlock.plan(accelerator="cuda", devices="auto", machine=machine)
+        assert (available, count) == (True, len(planned.parallel_devices))
+    else:
+        with pytest.raises(interlock.ResolutionError):
+            interlock.plan(accelerator="cuda", devices="auto", machine=machine)
+        assert (available, count) == (False, 0)
+    with pytest.warns(InterlockDeprecationWarning):
+        assert (CPUAccelerator.is_available(), CPUAccelerator.auto_device_count()) == (True, 1)
 
 
 @pytest.mark.parametrize("row", ENVIRONMENT_REGISTRY.builtin,

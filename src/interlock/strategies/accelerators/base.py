@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import ABC
 from typing import ClassVar
 
 import torch
 
+from interlock.connector.deprecation import warn_deprecated
+from interlock.connector.errors import ResolutionError
 from interlock.connector.machine import Machine
 from interlock.connector.parts import place_devices
+from interlock.connector.parts_registry import current_parts
+from interlock.connector.stages.accelerator import device_count
 
 
 class Accelerator(ABC):
-    """A device kind: availability, device parsing and per-process device setup.
+    """A device kind: device parsing and per-process device setup (what devices this
+    machine has is the engine's :class:`~interlock.Machine`).
 
     ``name`` is the engine's accelerator name; device parsing runs the engine's
     devices rules so that flags mean the same here as in `interlock.plan()`.
@@ -22,15 +27,30 @@ class Accelerator(ABC):
     interlock_part_kind: ClassVar[str] = "accelerator"
     name: ClassVar[str]
 
-    @staticmethod
-    @abstractmethod
-    def is_available() -> bool:
-        """Whether this machine has at least one such device."""
+    @classmethod
+    def is_available(cls) -> bool:
+        """Whether this machine has at least one such device, as ``plan()`` sees it.
 
-    @staticmethod
-    @abstractmethod
-    def auto_device_count() -> int:
-        """How many devices ``devices="auto"`` uses on this machine."""
+        Deprecated since 0.2.0, and no longer for a subclass to implement: nothing
+        reads it; the devices of a plan come from the engine's
+        :class:`~interlock.Machine` (``Machine.probe()`` on this machine).
+        """
+        warn_deprecated(f"{cls.__qualname__}.is_available()", since="0.2.0",
+                        replacement="interlock.Machine.probe(), which plan() reads")
+        return _auto_devices(cls.name) > 0
+
+    @classmethod
+    def auto_device_count(cls) -> int:
+        """How many devices ``devices="auto"`` uses on this machine, as ``plan()``
+        decides it (0 without such a device).
+
+        Deprecated since 0.2.0, and no longer for a subclass to implement: nothing
+        reads it; ``interlock.plan(accelerator=..., devices="auto").devices`` is the
+        engine's answer.
+        """
+        warn_deprecated(f"{cls.__qualname__}.auto_device_count()", since="0.2.0",
+                        replacement='interlock.plan(devices="auto") and its devices')
+        return _auto_devices(cls.name)
 
     def parse_devices(self, devices: object, machine: Machine | None = None) -> tuple[str, ...]:
         """Device strings of one node for a devices flag (the engine's rules).
@@ -51,3 +71,17 @@ class Accelerator(ABC):
 
     def teardown(self) -> None:  # noqa: B027 - optional hook
         """Release per-process device state."""
+
+
+def _auto_devices(accelerator: str) -> int:
+    """How many devices of ``accelerator`` the engine gives ``devices="auto"`` on this
+    machine; 0 where it has none, or lacks a package the accelerator needs."""
+    machine = Machine.probe()
+    row = current_parts().accelerators.get(accelerator)
+    if (row is None or any(p not in machine.packages for p in row.requires)
+            or device_count(row, machine) == 0):
+        return 0
+    try:
+        return len(place_devices(accelerator, "auto", machine))
+    except ResolutionError:
+        return 0

@@ -11,11 +11,3 @@ class CPUAccelerator(Accelerator):
     """The CPU: always available; devices are process counts."""
 
     name: ClassVar[str] = "cpu"
-
-    @staticmethod
-    def is_available() -> bool:
-        return True
-
-    @staticmethod
-    def auto_device_count() -> int:
-        return 1

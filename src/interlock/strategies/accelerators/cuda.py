@@ -14,15 +14,6 @@ class CUDAAccelerator(Accelerator):
 
     name: ClassVar[str] = "cuda"
 
-    @staticmethod
-    def is_available() -> bool:
-        # device_count() asks NVML first and does not initialise CUDA
-        return torch.cuda.device_count() > 0
-
-    @staticmethod
-    def auto_device_count() -> int:
-        return int(torch.cuda.device_count())
-
     def setup_device(self, device: torch.device) -> None:
         super().setup_device(device)
         torch.cuda.set_device(device)

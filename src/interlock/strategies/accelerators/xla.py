@@ -26,17 +26,6 @@ class XLAAccelerator(Accelerator):
 
     name: ClassVar[str] = "xla"
 
-    @staticmethod
-    def is_available() -> bool:
-        try:
-            return int(import_torch_xla().addressable_device_count()) > 0
-        except Exception:
-            return False
-
-    @staticmethod
-    def auto_device_count() -> int:
-        return int(import_torch_xla().addressable_device_count())
-
     def setup_device(self, device: torch.device) -> None:
         # torch_xla binds each process to its device when the process starts
         super().setup_device(device)
