@@ -88,6 +88,16 @@ def test_absurd_devices_cost_no_memory(name: str) -> None:
     assert peak < 1 << 20, f"refusing {name} allocated {peak} bytes at the peak"
 
 
+@pytest.mark.parametrize("value, said", [(0, "got 0."), (-3, "got -3."), (1.5, "got a float."),
+                                         ("2", "got a str."), (True, "got a bool.")])
+def test_an_invalid_num_nodes_is_named_by_its_value_or_its_type(value: object,
+                                                                 said: str) -> None:
+    with suppress_type_checks():  # the wrong types are the point
+        error = _refusal(num_nodes=value, machine=CPU)
+    assert (error.code, error.rule) == ("invalid-num-nodes", "flags/num-nodes-invalid")
+    assert error.reason.endswith(said), error.reason
+
+
 @pytest.mark.parametrize("value", [MAX_NUM_NODES + 1, 2**62, 10**100, 10**5000],
                          ids=["bound+1", "2**62", "10**100", "10**5000"])
 def test_absurd_num_nodes_are_refused_when_parsed(value: int) -> None:

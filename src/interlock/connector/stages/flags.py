@@ -717,8 +717,9 @@ def _refuse_num_nodes(ctx: FlagsDraft) -> str:
         "invalid-num-nodes",
         flag="num_nodes",
         value=ctx.num_nodes_flag,
-        reason=f"num_nodes must be an int >= 1 (not a bool, float or string); got a "
-        f"{type(ctx.num_nodes_flag).__name__}.",
+        reason="num_nodes must be an int >= 1 (not a bool, float or string); got "
+        + (f"{ctx.num_nodes_flag}." if _is_int(ctx.num_nodes_flag)
+           else f"a {type(ctx.num_nodes_flag).__name__}."),
         choices=("1", "2"),
     )
 
