@@ -186,3 +186,18 @@ def test_the_timings_command_refuses_junk_in_one_line(
     assert timings.main([str(path), *args]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and says in err, err
+
+
+def test_drivers_run_one_intra_op_thread_unless_told_otherwise(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Launches run side by side: a full thread pool in each driver oversubscribes the
+    cores (the same tiny training took 20 to 60 times as long). A user's own
+    OMP_NUM_THREADS is kept."""
+    from interlock.conformance.plugin import _driver_environ
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    environ = _driver_environ()
+    assert environ["OMP_NUM_THREADS"] == "1" and environ["PYTHONUNBUFFERED"] == "1"
+    assert "OMP_NUM_THREADS" not in os.environ  # this process's own is left alone
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert _driver_environ()["OMP_NUM_THREADS"] == "3"

@@ -307,8 +307,7 @@ class SuiteState:
                 if self._stopping:
                     return Launch(_all_failed("the run was stopped"), 0.0)
                 process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT,
-                                           start_new_session=True,
-                                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                           start_new_session=True, env=_driver_environ())
                 self._processes.add(process)
             try:
                 process.wait(timeout=DRIVER_TIMEOUT_S)
@@ -348,6 +347,16 @@ class SuiteState:
         if self.options.keep_workdir or self.shared:
             return
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _driver_environ() -> dict[str, str]:
+    """A driver's environment: this one, unbuffered, and one intra-op thread per
+    process unless ``OMP_NUM_THREADS`` says otherwise. The launchers already give their
+    workers one; the driver also trains (the references, a rank 0 that runs in it), and
+    with launches running side by side a full thread pool per process oversubscribes
+    the cores: the same tiny training then took 20 to 60 times as long."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
 
 
 def _gated(case: Case) -> str | None:
