@@ -93,9 +93,15 @@ def _missing_packages(row: AcceleratorRow, ctx: AcceleratorDraft) -> tuple[str, 
     return tuple(p for p in row.requires if p not in ctx.machine.packages)
 
 
+def available_on(row: AcceleratorRow, machine: Machine) -> bool:
+    """Whether ``machine`` can run the accelerator of ``row``: it has every package the
+    row requires, and devices of its kind (the CPU always has)."""
+    return (all(p in machine.packages for p in row.requires)
+            and device_count(row, machine) != 0)
+
+
 def _available(name: str, ctx: AcceleratorDraft) -> bool:
-    row = ctx.parts.accelerators[name]
-    return not _missing_packages(row, ctx) and device_count(row, ctx.machine) != 0
+    return available_on(ctx.parts.accelerators[name], ctx.machine)
 
 
 def _available_names(ctx: AcceleratorDraft) -> tuple[str, ...]:

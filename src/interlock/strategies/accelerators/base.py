@@ -12,7 +12,7 @@ from interlock.connector.errors import ResolutionError
 from interlock.connector.machine import Machine
 from interlock.connector.parts import place_devices
 from interlock.connector.parts_registry import current_parts
-from interlock.connector.stages.accelerator import device_count
+from interlock.connector.stages.accelerator import available_on
 
 
 class Accelerator(ABC):
@@ -78,8 +78,7 @@ def _auto_devices(accelerator: str) -> int:
     machine; 0 where it has none, or lacks a package the accelerator needs."""
     machine = Machine.probe()
     row = current_parts().accelerators.get(accelerator)
-    if (row is None or any(p not in machine.packages for p in row.requires)
-            or device_count(row, machine) == 0):
+    if row is None or not available_on(row, machine):
         return 0
     try:
         return len(place_devices(accelerator, "auto", machine))
