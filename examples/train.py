@@ -6,7 +6,7 @@ samples per step as one process would: final parameters match the single-process
 run up to floating-point reduction order.
 
     python examples/train.py --accelerator cpu --devices 2 --strategy ddp --steps 20
-    python examples/train.py --devices 2 --strategy ddp_spawn --precision bf16-mixed \\
+    python examples/train.py --devices 2 --strategy ddp --launcher spawn --precision bf16-mixed \\
         --checkpoint ckpt/last.pt --checkpoint-every 5 [--resume]
     torchrun --nproc-per-node 2 examples/train.py --devices 2 --pg-timeout 60
 
@@ -263,6 +263,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--accelerator", default="cpu")
     p.add_argument("--devices", default="1")
     p.add_argument("--strategy", default="auto")
+    p.add_argument("--launcher", default="auto",
+                   help="how the processes start (spawn, fork, ... or ray with "
+                   "interlock-ray); default: the strategy's own")
     p.add_argument("--precision", default="32-true")
     p.add_argument("--num-nodes", type=int, default=1)
     p.add_argument("--steps", type=int, default=20)
@@ -308,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             # model parallelism needs to be told how to split this model
             strategy=(ModelParallelStrategy(parallelize_fn=parallelize)
                       if args.strategy == "model_parallel" else args.strategy),
-            precision=args.precision, num_nodes=args.num_nodes,
+            precision=args.precision, num_nodes=args.num_nodes, launcher=args.launcher,
         )
     except interlock.ResolutionError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -252,7 +252,8 @@ def test_no_fork_platform() -> None:
 def test_find_unused_parameters_variants() -> None:
     result = plan(strategy="ddp_spawn_find_unused_parameters_true", devices=2, machine=CPU)
     assert result.launcher == "spawn"
-    assert result.spec.options == {"start_method": "spawn", "find_unused_parameters": True}
+    assert result.spec.options == {"find_unused_parameters": True}
+    assert (result.spec.preset_of, result.spec.variant_of) == ("ddp", "ddp_spawn")
 
 
 # --------------------------------------------------------------------------- precision

@@ -153,8 +153,13 @@ def test_a_registered_precision_works_where_its_row_says_and_nowhere_else() -> N
     # a preset of a strategy the row names follows it
     assert plan(precision="fp8-ilk", strategy="ddp_find_unused_parameters_true", devices=2,
                 machine=CPU).precision == "fp8-ilk"
+    # so do ddp's launch-style presets and ddp under another launcher
+    assert plan(precision="fp8-ilk", strategy="ddp_spawn", devices=2,
+                machine=CPU).precision == "fp8-ilk"
+    assert plan(precision="fp8-ilk", strategy="ddp", launcher="fork", devices=2,
+                machine=CPU).precision == "fp8-ilk"
     # a strategy the row does not name refuses it, and lists what it takes
-    error = _refusal(precision="fp8-ilk", strategy="ddp_spawn", devices=2, machine=CPU)
+    error = _refusal(precision="fp8-ilk", strategy="model_parallel", devices=2, machine=CPU)
     assert (error.code, error.rule) == ("unsupported-precision",
                                         "precision/unsupported-by-strategy")
     assert "fp8-ilk" not in error.choices and "32-true" in error.choices

@@ -295,7 +295,8 @@ def test_entry_point_values_a_spec_a_tuple_or_a_callable(
     monkeypatch.delitem(sys.modules, "ilk_forms", raising=False)
     monkeypatch.syspath_prepend(str(tmp_path))
     registry._entry_points_loaded = False
-    with pytest.warns(RuntimeWarning, match="expected a StrategySpec, got generator"):
+    with pytest.warns(RuntimeWarning,
+                      match="expected a StrategySpec or StrategyPreset, got generator"):
         specs = interlock.strategy_specs()
     assert {"ilk_one", "ilk_two", "ilk_three", "ilk_four"} <= set(specs)
     assert [ep.name for ep in registry.broken_entry_points()] == ["generator"]

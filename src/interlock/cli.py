@@ -175,6 +175,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             model=_model(args),
             optimizer=args.optimizer,
             micro_batch_size=args.micro_batch_size,
+            launcher=args.launcher,
         )
     except ResolutionError as error:
         if args.json:
@@ -328,6 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accelerator", default="auto")
     p.add_argument("--devices", default="auto")
     p.add_argument("--strategy", default="auto")
+    p.add_argument("--launcher", default="auto",
+                   help="how the processes start: a launcher the strategy runs under "
+                   "(subprocess, spawn, fork, forkserver for ddp, or a registered one); "
+                   "default: the strategy's own")
     p.add_argument("--precision", default="32-true")
     p.add_argument("--num-nodes", type=int, default=1)
     p.add_argument(

@@ -51,6 +51,7 @@ def resolve(
     model: ModelShape | None = None,
     optimizer: str | None = None,
     micro_batch_size: int | None = None,
+    launcher: str | None = None,
 ) -> Strategy:
     """`plan` the flags, then build the Strategy the plan describes: a validated, wired
     strategy, or a `ResolutionError`.
@@ -67,6 +68,7 @@ def resolve(
         accelerator=accelerator, devices=devices, strategy=strategy, precision=precision,
         num_nodes=num_nodes, plugins=plugins, machine=machine, parallelism=parallelism,
         model=model, optimizer=optimizer, micro_batch_size=micro_batch_size,
+        launcher=launcher,
     ))
 
 

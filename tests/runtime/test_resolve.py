@@ -166,9 +166,14 @@ def test_a_third_party_strategy_builds_through_its_factory() -> None:
 
 
 def test_ddp_names_cover_the_launch_styles() -> None:
-    specs = interlock.strategy_specs()
+    # the row of each launch style's name starts its ranks with that start method, and
+    # an instance built by hand with it stands for that name and launcher
     for start_method, name in DDP_NAMES.items():
-        assert specs[name].options["start_method"] == start_method
+        built = interlock.resolve(strategy=name, accelerator="cpu", devices=2, machine=CPU)
+        assert isinstance(built, DDPStrategy) and built.start_method == start_method
+        by_hand = DDPStrategy(start_method=start_method)
+        assert by_hand.name == name
+        assert by_hand._launcher_name() == built.plan.launcher  # type: ignore[union-attr]
 
 
 def test_an_instances_num_nodes_and_device_kind_are_adopted() -> None:

@@ -21,9 +21,10 @@ PACKAGE = Path(__file__).parents[1] / "src" / "interlock_ray"
 PUBLIC = {"interlock", "interlock.strategies.launchers", "interlock.strategies.environments",
           "interlock.strategies.preemption"}
 
-#: Each row and the built-in row it follows, with the fields that may differ.
+#: Each preset and the built-in strategy it names.
 FOLLOWS = {"ray_ddp": "ddp", "ray_fsdp": "fsdp", "ray_model_parallel": "model_parallel"}
-OWN_FIELDS = {"name", "description", "launcher", "requires", "options", "substitutes"}
+#: what a preset under the ray launcher has of its own
+OWN_FIELDS = {"name", "description", "launcher", "launchers", "requires", "preset_of"}
 
 CPU_MACHINE = Machine(packages=frozenset({"ray"}))
 
@@ -52,13 +53,28 @@ def test_the_rows_and_planning_import_neither_torch_nor_ray() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(FOLLOWS))
-def test_each_row_follows_the_builtin_row_it_wraps(name: str) -> None:
+def test_each_preset_is_the_builtin_strategy_under_the_ray_launcher(name: str) -> None:
     specs = interlock.strategy_specs()
     ours, theirs = specs[name], specs[FOLLOWS[name]]
     for field in dataclasses.fields(ours):
         if field.name not in OWN_FIELDS:
             assert getattr(ours, field.name) == getattr(theirs, field.name), field.name
-    assert ours.launcher == "ray" and ours.requires == ("ray",)
+    assert (ours.launcher, ours.requires, ours.preset_of) == ("ray", ("ray",), FOLLOWS[name])
+    # and the same plan as the strategy asked for under the launcher
+    preset = interlock.plan(strategy=name, accelerator="cpu", devices=2, machine=CPU_MACHINE)
+    axis = interlock.plan(strategy=FOLLOWS[name], launcher="ray", accelerator="cpu",
+                          devices=2, machine=CPU_MACHINE)
+    for field in ("launcher", "cluster_environment", "world_size", "parallelism", "precision"):
+        assert getattr(preset, field) == getattr(axis, field), field
+
+
+def test_the_ray_launcher_takes_the_strategies_its_row_names_and_no_other() -> None:
+    assert interlock.launcher_rows()["ray"].strategies == frozenset(FOLLOWS.values())
+    with pytest.raises(ResolutionError) as caught:
+        interlock.plan(strategy="deepspeed", launcher="ray", accelerator="cpu", devices=2,
+                       machine=Machine(packages=frozenset({"ray", "deepspeed"})))
+    assert caught.value.code == "unsupported-launcher"
+    assert "strategy='fsdp'" in caught.value.choices
 
 
 def test_the_parts_are_registered_through_entry_points_only() -> None:
@@ -69,9 +85,11 @@ def test_the_parts_are_registered_through_entry_points_only() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(FOLLOWS))
-def test_without_ray_the_rows_are_refused_with_an_install_hint(name: str) -> None:
+@pytest.mark.parametrize("axis", [False, True])
+def test_without_ray_the_rows_are_refused_with_an_install_hint(name: str, axis: bool) -> None:
+    flags = {"strategy": FOLLOWS[name], "launcher": "ray"} if axis else {"strategy": name}
     with pytest.raises(ResolutionError) as caught:
-        interlock.plan(strategy=name, accelerator="cpu", devices=2, machine=Machine())
+        interlock.plan(accelerator="cpu", devices=2, machine=Machine(), **flags)
     error = caught.value
     assert error.code == "missing-package"
     assert "pip install 'ray>=2.10'" in str(error)
@@ -111,6 +129,13 @@ def test_a_ray_environment_plugin_is_accepted_and_another_cluster_is_refused() -
     assert (caught.value.code, caught.value.rule) == ("conflicting-flags",
                                                       "launcher/foreign-environment")
     assert "ray_ddp" in caught.value.choices
+    # a strategy that runs under the ray launcher is told to ask for it
+    with pytest.raises(ResolutionError) as caught:
+        interlock.plan(strategy="fsdp", accelerator="cpu", devices=2,
+                       plugins=[RayEnvironment()], machine=CPU_MACHINE)
+    assert caught.value.choices[0] == "launcher='ray'"
+    assert interlock.plan(strategy="fsdp", launcher="ray", accelerator="cpu", devices=2,
+                          plugins=[RayEnvironment()], machine=CPU_MACHINE).launcher == "ray"
 
 
 def test_bundles_hold_one_node_of_ranks_each() -> None:

@@ -41,7 +41,7 @@ from interlock.connector.registry import (
     strategy_specs,
     unregister_strategy,
 )
-from interlock.connector.specs import StrategySpec
+from interlock.connector.specs import StrategyPreset, StrategySpec
 from interlock.connector.tables import (
     AcceleratorRow,
     CheckpointIORow,
@@ -71,6 +71,7 @@ __all__ = [
     "PrecisionRow",
     "RegistrationError",
     "ResolutionError",
+    "StrategyPreset",
     "StrategySpec",
     "TraceStep",
     "accelerator_rows",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from interlock.connector.memory import REPLICATED, MemoryTraits
-from interlock.connector.specs import StrategySpec
+from interlock.connector.specs import StrategyPreset, StrategySpec, expand_preset
 from interlock.connector.tables import (
     PRECISION_NAMES,
     SHARDED_PRECISIONS,
@@ -59,47 +59,53 @@ def _zero_memory(options: dict[str, object]) -> MemoryTraits:
                         bucket_elements=ZERO_BUCKET_ELEMENTS)
 
 
+#: DDP's launch styles: (name, launcher, what it is). ``ddp`` takes every launcher
+#: (``launcher=``); the others are presets that pin one.
+_DDP_STYLES = (
+    ("ddp", "subprocess", "re-runs the script once per extra rank"),
+    ("ddp_spawn", "spawn", "spawns processes (functions must be picklable)"),
+    ("ddp_fork", "fork", "forks processes; works in notebooks"),
+    ("ddp_notebook", "fork", "forks processes; meant for notebooks"),
+    ("ddp_forkserver", "forkserver", "starts processes via a fork server"),
+)
+
+
 def _ddp_rows() -> tuple[StrategySpec, ...]:
-    styles = (
-        # (name, launcher, start method option, what it is)
-        ("ddp", "subprocess", "popen", "re-runs the script once per extra rank"),
-        ("ddp_spawn", "spawn", "spawn", "spawns processes (functions must be picklable)"),
-        ("ddp_fork", "fork", "fork", "forks processes; works in notebooks"),
-        ("ddp_notebook", "fork", "fork", "forks processes; meant for notebooks"),
-        ("ddp_forkserver", "forkserver", "forkserver", "starts processes via a fork server"),
+    """``ddp`` and its presets: a launch style, and the find_unused_parameters
+    variants of each (listed in the docs, left out of the alternatives refusals
+    list)."""
+    ddp = StrategySpec(
+        name="ddp",
+        factory=_DDP,
+        description=f"DistributedDataParallel; {_DDP_STYLES[0][2]}",
+        family="ddp",
+        accelerators=frozenset(("cpu", "cuda")),
+        precisions=_ALL,
+        launcher="subprocess",
+        launchers=frozenset(launcher for _, launcher, _ in _DDP_STYLES[1:]),
+        substitutes={"xla": "xla"},
+        capabilities=_PARALLEL,
+        parallel_dims=_REPLICATE,
+        memory=REPLICATED,
     )
     rows: list[StrategySpec] = []
-    for name, launcher, start_method, what in styles:
-        variants: list[tuple[str, dict[str, object], str]] = [(name, {}, "")]
-        # The find_unused_parameters presets are variants: listed in the docs, left
-        # out of the alternatives in error messages.
+    for name, launcher, what in _DDP_STYLES:
+        presets = [] if name == "ddp" else [StrategyPreset(
+            name=name, strategy="ddp", launcher=launcher,
+            description=f"DistributedDataParallel; {what}")]
         if name != "ddp_forkserver":
-            for flag in (True, False):
-                variants.append(
-                    (
-                        f"{name}_find_unused_parameters_{str(flag).lower()}",
-                        {"find_unused_parameters": flag},
-                        f", find_unused_parameters={flag}",
-                    )
+            presets.extend(
+                StrategyPreset(
+                    name=f"{name}_find_unused_parameters_{str(flag).lower()}",
+                    strategy="ddp", launcher=None if name == "ddp" else launcher,
+                    options={"find_unused_parameters": flag}, variant_of=name,
+                    description=f"DistributedDataParallel; {what}, "
+                    f"find_unused_parameters={flag}",
                 )
-        for row_name, extra, suffix in variants:
-            rows.append(
-                StrategySpec(
-                    name=row_name,
-                    factory=_DDP,
-                    description=f"DistributedDataParallel; {what}{suffix}",
-                    family="ddp",
-                    accelerators=frozenset(("cpu", "cuda")),
-                    precisions=_ALL,
-                    launcher=launcher,
-                    options={"start_method": start_method, **extra},
-                    substitutes={"xla": "xla"},
-                    variant_of=name if extra else None,
-                    capabilities=_PARALLEL,
-                    parallel_dims=_REPLICATE,
-                    memory=REPLICATED,
-                )
+                for flag in (True, False)
             )
+        rows.extend((ddp,) if name == "ddp" else ())
+        rows.extend(expand_preset(preset, ddp) for preset in presets)
     return tuple(rows)
 
 

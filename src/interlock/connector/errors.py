@@ -36,6 +36,10 @@ ERROR_CODES: Mapping[str, str] = MappingProxyType(
         "unsupported-precision": "the precision is not supported by that strategy or "
         "accelerator",
         "unsupported-multi-node": "the strategy runs on one node only",
+        "unknown-launcher": "the launcher is not one the engine knows (a built-in "
+        "launcher row or a registered one)",
+        "unsupported-launcher": "the strategy does not run under that launcher (a preset "
+        "that pins another, or a strategy that runs in the calling process)",
         "interactive-incompatible": "the launcher cannot start processes from an "
         "interactive session",
         "start-method-unavailable": "the launcher needs a multiprocessing start method "
@@ -77,6 +81,7 @@ FLAGS: tuple[str, ...] = (
     "model",
     "optimizer",
     "micro_batch_size",
+    "launcher",
     "environment",
 )
 

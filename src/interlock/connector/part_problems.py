@@ -292,6 +292,9 @@ def launcher_problems(row: object, known: Known) -> list[str]:
     if row.placement is not None and row.environment is None:
         problems.append("placement describes where an environment's ranks go: it needs "
                         "environment set")
+    _requires(row.requires, problems, known)
+    _strategies(_names(row.strategies, "strategies", problems), known, problems,
+                own_precision=False)
     return problems
 
 

@@ -547,6 +547,15 @@ class SpecLike(Protocol):
     def variant_of(self) -> str | None: ...
 
     @property
+    def preset_of(self) -> str | None: ...
+
+    @property
+    def launcher(self) -> str | None: ...
+
+    @property
+    def launchers(self) -> frozenset[str]: ...
+
+    @property
     def precisions(self) -> frozenset[str]: ...
 
     @property
@@ -601,25 +610,33 @@ class PartTables:
     broken: Mapping[str, tuple[EntryPointStatus, ...]]
     _precisions_by_strategy: Mapping[str, frozenset[str]]
     _accelerators_by_strategy: Mapping[str, frozenset[str]]
+    _launchers_by_strategy: Mapping[str, frozenset[str]]
     cache: dict[str, tuple[object, ...]] = field(default_factory=dict, compare=False)
 
     def strategy_precisions(self, spec: SpecLike) -> frozenset[str]:
         """The precisions a strategy takes: those its spec declares, and the registered
-        precisions that name it (or the strategy it is a preset of)."""
-        by = self._precisions_by_strategy
-        if not by:
-            return spec.precisions
-        return (spec.precisions | by.get(spec.name, _EMPTY)
-                | by.get(spec.variant_of or "", _EMPTY))
+        precisions that name it (or the strategy it is a variant or preset of)."""
+        return spec.precisions | _named(self._precisions_by_strategy, spec,
+                                        spec.variant_of, spec.preset_of)
 
     def strategy_accelerators(self, spec: SpecLike) -> frozenset[str]:
         """The accelerators a strategy runs on: those its spec declares, and the
-        registered accelerators that name it (or the strategy it is a preset of)."""
-        by = self._accelerators_by_strategy
-        if not by:
-            return spec.accelerators
-        return (spec.accelerators | by.get(spec.name, _EMPTY)
-                | by.get(spec.variant_of or "", _EMPTY))
+        registered accelerators that name it (or the strategy it is a variant or preset
+        of)."""
+        return spec.accelerators | _named(self._accelerators_by_strategy, spec,
+                                          spec.variant_of, spec.preset_of)
+
+    def strategy_launchers(self, spec: SpecLike) -> frozenset[str]:
+        """The launchers ``launcher=`` may choose for a strategy: its own, those its
+        spec lists, and the registered launchers that name it (or the strategy it is a
+        variant of, or a preset of when the preset does not pin its launcher). Empty
+        for a strategy that runs in the calling process."""
+        if spec.launcher is None:
+            return _EMPTY
+        pinned = not spec.launchers and spec.preset_of is not None
+        return (frozenset((spec.launcher,)) | spec.launchers
+                | _named(self._launchers_by_strategy, spec, spec.variant_of,
+                         None if pinned else spec.preset_of))
 
     def install_hint(self, package: str) -> str:
         """How to install an optional package, for ``missing-package`` refusals."""
@@ -636,7 +653,21 @@ class PartTables:
         return (*order[:-1], *added, order[-1])
 
 
-def _by_strategy(rows: Sequence[PrecisionRow | AcceleratorRow]) -> dict[str, frozenset[str]]:
+def _named(by: Mapping[str, frozenset[str]], spec: SpecLike,
+           *more: str | None) -> frozenset[str]:
+    """The rows of ``by`` (rows by the strategy names they name) that name the
+    strategy or one of ``more``."""
+    if not by:
+        return _EMPTY
+    found = by.get(spec.name, _EMPTY)
+    for name in more:
+        if name:
+            found = found | by.get(name, _EMPTY)
+    return found
+
+
+def _by_strategy(rows: Sequence[PrecisionRow | AcceleratorRow | LauncherRow]
+                 ) -> dict[str, frozenset[str]]:
     found: dict[str, set[str]] = {}
     for row in rows:
         for strategy in row.strategies:
@@ -680,6 +711,7 @@ def _take_snapshot() -> PartTables:
                                  for kind, registry in REGISTRIES.items()}),
         _precisions_by_strategy=MappingProxyType(_by_strategy(added_precisions)),
         _accelerators_by_strategy=MappingProxyType(_by_strategy(ACCELERATOR_REGISTRY.added())),
+        _launchers_by_strategy=MappingProxyType(_by_strategy(LAUNCHER_REGISTRY.added())),
     )
 
 

@@ -325,6 +325,7 @@ def plan(
     model: ModelShape | None = None,
     optimizer: str | None = None,
     micro_batch_size: int | None = None,
+    launcher: str | None = None,
 ) -> Plan:
     """Resolve training flags on a machine into a validated `Plan`.
 
@@ -357,6 +358,10 @@ def plan(
             in the notes.
         micro_batch_size: samples per rank per forward, for the activations (with the
             shape's ``activation_bytes_per_sample``).
+        launcher: how the strategy's processes come into being: a launcher name the
+            strategy runs under (``"subprocess"``, ``"spawn"``, ``"fork"``,
+            ``"forkserver"`` for ``ddp``, or a registered one); None or ``"auto"``
+            keeps the strategy's own. A preset such as ``ddp_spawn`` pins its launcher.
 
     Raises:
         ResolutionError: the combination cannot work; the error says why and what
@@ -372,7 +377,8 @@ def plan(
     if plugins is None:
         parts = (_exact(accelerator), _exact(devices), _exact(strategy), _exact(precision),
                  _exact(num_nodes), _exact_parallelism(parallelism), _exact_model(model),
-                 _exact_optional(optimizer), _exact_optional(micro_batch_size))
+                 _exact_optional(optimizer), _exact_optional(micro_batch_size),
+                 _exact_optional(launcher))
         if None not in parts:
             key = (*parts, machine, registry_version())
             hit = _MEMO.get(key)
@@ -381,7 +387,7 @@ def plan(
     result = _chain(machine, specs, Written(
         accelerator=accelerator, devices=devices, strategy=strategy, precision=precision,
         num_nodes=num_nodes, plugins=plugins, parallelism=parallelism, model=model,
-        optimizer=optimizer, micro_batch_size=micro_batch_size,
+        optimizer=optimizer, micro_batch_size=micro_batch_size, launcher=launcher,
     ))
     if key is not None:
         if len(_MEMO) >= MEMO_SIZE:
@@ -534,7 +540,8 @@ def _chain(machine: Machine, specs: Mapping[str, StrategySpec], written: Written
             devices=flags.devices, parallel_devices=cluster.parallel_devices,
             num_nodes=flags.num_nodes, cluster=cluster.name,
             cluster_external=cluster.external,
-            cluster_given=flags.plugins.cluster_environment is not None), written)
+            cluster_given=flags.plugins.cluster_environment is not None,
+            launcher=written.launcher), written)
         trace += strategy.trace
         precision = choose_precision(PrecisionInput(
             machine=machine, parts=parts, accelerator=accelerator.name, spec=strategy.spec,

@@ -17,16 +17,16 @@ from interlock.connector.builtin import BUILTIN_STRATEGIES
 from interlock.connector.registration import STRATEGY_GROUP, load_entry_point, scan_entry_points
 from interlock.connector.registration import EntryPointStatus as EntryPointStatus
 from interlock.connector.registration import RegistrationError as RegistrationError
-from interlock.connector.spec_problems import spec_problems
-from interlock.connector.specs import StrategySpec
+from interlock.connector.spec_problems import expanded, spec_problems
+from interlock.connector.specs import StrategyPreset, StrategySpec
 from interlock.connector.tables import WITHDRAWN_ROWS
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
 
 #: Entry point group third-party packages use to register strategies. The entry
-#: point's object is a StrategySpec, a list or tuple of them, or a callable taking no
-#: arguments that returns either.
+#: point's object is a StrategySpec or StrategyPreset, a list or tuple of them, or a
+#: callable taking no arguments that returns either.
 ENTRY_POINT_GROUP = STRATEGY_GROUP
 
 
@@ -44,11 +44,13 @@ def registry_version() -> int:
     return _version + parts_registry.parts_version()
 
 
-def register_strategy(spec: StrategySpec, *, source: str = "register_strategy()") -> None:
+def register_strategy(spec: StrategySpec | StrategyPreset, *,
+                      source: str = "register_strategy()") -> None:
     """Add a strategy to the registry so that `plan()` and the docs know it.
 
     Args:
-        spec: the strategy's declaration.
+        spec: the strategy's declaration, or a preset: a name for a registered
+            strategy under a launcher and options (expanded into a full row).
         source: where the spec comes from, named in errors.
 
     Raises:
@@ -57,23 +59,37 @@ def register_strategy(spec: StrategySpec, *, source: str = "register_strategy()"
     _register(spec, source)
 
 
-def _register(spec: object, source: str) -> None:
+def _register(row: object, source: str) -> None:
     global _version
     with _lock:
-        problem = _refusal(spec, source, _specs)
-        if problem is not None or not isinstance(spec, StrategySpec):
+        spec, problem = _checked(row, source, _specs)
+        if spec is None:
             raise RegistrationError(problem)
         if spec.name not in _specs:
             _specs[spec.name] = spec
             _version += 1
 
 
-def _refusal(spec: object, source: str, taken: Mapping[str, StrategySpec]) -> str | None:
+def _checked(row: object, source: str, taken: Mapping[str, StrategySpec]
+             ) -> tuple[StrategySpec | None, str]:
+    """``row`` as the spec it registers (a preset expanded), or None with why it
+    cannot be registered next to the specs in ``taken``."""
+    spec, problems = expanded(row, taken)
+    name = getattr(row, "name", "?")
+    if spec is None:
+        problems = problems or [f"expected a StrategySpec or StrategyPreset, got "
+                                f"{type(row).__name__}"]
+        return None, f"cannot register strategy {name!r} from {source}: " + "; ".join(problems)
+    problem = _refusal(spec, source, taken)
+    return (None, problem) if problem is not None else (spec, "")
+
+
+def _refusal(spec: StrategySpec, source: str, taken: Mapping[str, StrategySpec]
+             ) -> str | None:
     """Why ``spec`` cannot be registered next to the specs in ``taken``, or None."""
     problems = spec_problems(spec)
-    name = getattr(spec, "name", "?")
-    if problems or not isinstance(spec, StrategySpec):
-        return f"cannot register strategy {name!r} from {source}: " + "; ".join(problems)
+    if problems:
+        return f"cannot register strategy {spec.name!r} from {source}: " + "; ".join(problems)
     if spec.name in WITHDRAWN_ROWS:
         return (f"cannot register strategy {spec.name!r} from {source}: the name is "
                 "withdrawn on purpose; choose another")
@@ -147,10 +163,10 @@ def _add_all(found: Sequence[object], source: str) -> None:
     with _lock:
         taken = dict(_specs)
         problems: list[str] = []
-        for spec in found:
-            problem = _refusal(spec, source, taken)
-            if problem is not None or not isinstance(spec, StrategySpec):
-                problems.append(problem or f"{spec!r} is not a StrategySpec")
+        for row in found:
+            spec, problem = _checked(row, source, taken)
+            if spec is None:
+                problems.append(problem)
                 continue
             taken.setdefault(spec.name, spec)
         if problems:

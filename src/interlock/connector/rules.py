@@ -79,6 +79,7 @@ class Written(NamedTuple):
     model: object = None
     optimizer: object = None
     micro_batch_size: object = None
+    launcher: object = None
 
 
 #: No flags written (a stage run from parsed values only, as the matrix does).

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from interlock.connector.builtin import BUILTIN_STRATEGIES
+from interlock.connector.limits import short_repr
 from interlock.connector.memory import MemoryTraits
 from interlock.connector.parallelism import DIMS
 from interlock.connector.part_problems import requires_problems
@@ -20,7 +21,9 @@ from interlock.connector.specs import (
     CAPABILITIES,
     MAX_PARITY_STEPS,
     OTHER_FAMILY,
+    StrategyPreset,
     StrategySpec,
+    expand_preset,
 )
 from interlock.connector.tables import STRATEGY_PRECISION_PLUGINS
 
@@ -73,6 +76,18 @@ def spec_problems(spec: object) -> list[str]:
             f"launcher {spec.launcher!r} is unknown; known: {', '.join(parts.launchers)} or "
             "None" + suspects(parts.broken["launchers"])
         )
+    launchers = spec.launchers if isinstance(spec.launchers, frozenset) else frozenset()
+    if not all(isinstance(n, str) for n in launchers):
+        problems.append("launchers must be a set of launcher names")
+    elif spec.launcher is None and launchers:
+        problems.append("launchers lists other launchers for a strategy that runs in the "
+                        "calling process (launcher=None)")
+    else:
+        unknown = sorted(n for n in launchers if n not in parts.launchers or n == "external")
+        if unknown:
+            problems.append(f"launchers {unknown} are unknown; known: "
+                            f"{', '.join(n for n in parts.launchers if n != 'external')}"
+                            + suspects(parts.broken["launchers"]))
     if not isinstance(spec.multi_node, bool):
         problems.append("multi_node must be a bool")
     if spec.max_devices is not None and (
@@ -133,6 +148,36 @@ def spec_problems(spec: object) -> list[str]:
             )
     return problems
 
+
+def expanded(row: object, taken: Mapping[str, StrategySpec]
+             ) -> tuple[StrategySpec | None, list[str]]:
+    """A registered row as a full spec: a `StrategySpec` as it is, a `StrategyPreset`
+    expanded from the strategy it names (registered in ``taken``); with what is wrong
+    with the preset itself (its spec is then None)."""
+    if not isinstance(row, StrategyPreset):
+        return (row if isinstance(row, StrategySpec) else None), []
+    problems: list[str] = []
+    base = taken.get(row.strategy) if isinstance(row.strategy, str) else None
+    if base is None:
+        problems.append(f"strategy {short_repr(row.strategy)} is not a registered strategy; "
+                        "a preset may name only strategies registered before it")
+    if not isinstance(row.options, Mapping) or not all(isinstance(k, str)
+                                                        for k in row.options):
+        problems.append("options must map keyword names to values")
+    if row.variant_of is not None and row.variant_of not in (*taken, row.strategy):
+        problems.append(f"variant_of {short_repr(row.variant_of)} is not a registered "
+                        "strategy")
+    launcher = None
+    if base is not None and row.launcher is not None:
+        launcher = current_parts().launchers.get(row.launcher)
+        takes = current_parts().strategy_launchers(base)
+        if row.launcher not in takes:
+            named = ", ".join(sorted(takes)) or "none (it runs in the calling process)"
+            problems.append(f"launcher {short_repr(row.launcher)} is not one strategy "
+                            f"{base.name!r} runs under; it takes {named}")
+    if problems or base is None:
+        return None, problems
+    return expand_preset(row, base, launcher), []
 
 
 def _parallelism_problems(spec: StrategySpec) -> list[str]:

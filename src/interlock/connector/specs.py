@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from interlock.connector.memory import REPLICATED, MemoryTraits
 from interlock.connector.parts_registry import current_parts
+from interlock.connector.tables import LauncherRow
 
 #: capability tags a spec may declare; the conformance suite runs the checks that
 #: need them only for strategies that declare them (and fails those that do not hold)
@@ -56,7 +57,11 @@ class StrategySpec:
         accelerators: accelerators it runs on.
         precisions: precisions it supports (further narrowed by the accelerator).
         launcher: launcher name from the launcher table, or None when it runs in
-            the calling process.
+            the calling process: the launcher it uses unless ``launcher=`` asks for
+            another.
+        launchers: the other launchers it runs under, chosen with ``launcher=``
+            (``plan(strategy="ddp", launcher="spawn")``); a launcher row may add itself
+            (`LauncherRow.strategies`).
         multi_node: whether it can span several nodes.
         max_devices: devices per node at most, if limited.
         requires: optional packages it needs.
@@ -67,6 +72,10 @@ class StrategySpec:
         capabilities: free-form capability tags read by the conformance suite.
         variant_of: the strategy this one is a preset of; variants are left out of
             the alternatives that error messages list.
+        preset_of: the strategy row this one was expanded from (a `StrategyPreset`:
+            the same strategy under a named launcher and options); rows that name that
+            strategy (precisions, accelerators) reach this one too. None for a row
+            written out in full.
         precision_plugin: the precision plugin family the strategy needs for every
             precision (one of ``STRATEGY_PRECISION_PLUGINS``: ``"fsdp"``,
             ``"deepspeed"``, ``"xla"``); None takes the precision table's plugin.
@@ -102,6 +111,7 @@ class StrategySpec:
     accelerators: frozenset[str]
     precisions: frozenset[str]
     launcher: str | None
+    launchers: frozenset[str] = frozenset()
     multi_node: bool = True
     max_devices: int | None = None
     requires: tuple[str, ...] = ()
@@ -109,6 +119,7 @@ class StrategySpec:
     substitutes: Mapping[str, str] = field(default_factory=dict)
     capabilities: frozenset[str] = frozenset()
     variant_of: str | None = None
+    preset_of: str | None = None
     precision_plugin: str | None = None
     parity_tolerance: tuple[float, float] | None = None
     parity_steps: int | None = None
@@ -121,6 +132,7 @@ class StrategySpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "accelerators", frozenset(self.accelerators))
         object.__setattr__(self, "precisions", frozenset(self.precisions))
+        object.__setattr__(self, "launchers", frozenset(self.launchers))
         object.__setattr__(self, "requires", tuple(self.requires))
         object.__setattr__(self, "capabilities", frozenset(self.capabilities))
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
@@ -167,6 +179,74 @@ class StrategySpec:
             return True
         row = current_parts().launchers.get(self.launcher)
         return row is not None and row.interactive
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StrategyPreset:
+    """A name for a registered strategy under a given launcher and options.
+
+    ``ddp_spawn`` is ``ddp`` started by the spawn launcher; a package that brings a
+    launcher may name a strategy under it the same way (``ray_fsdp``). The registry
+    expands a preset into a full `StrategySpec` (`expand_preset`) from the strategy
+    it names, so every fact of that strategy is written once, in its own row.
+
+    Attributes:
+        name: the preset's registry name.
+        strategy: the registered strategy it stands for (a built-in row or one
+            registered before it).
+        description: one line for the docs.
+        launcher: the launcher it pins (one the strategy takes); None keeps the
+            strategy's own launcher and its choice of others.
+        options: keyword arguments added to the strategy's own ``options``.
+        variant_of: as `StrategySpec.variant_of` (left out of the alternatives that
+            refusals list).
+    """
+
+    name: str
+    strategy: str
+    description: str
+    launcher: str | None = None
+    options: Mapping[str, object] = field(default_factory=dict)
+    variant_of: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.options, Mapping):
+            object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.strategy, self.launcher))
+
+    def __reduce__(self) -> tuple[object, ...]:
+        fields = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        fields["options"] = dict(self.options)
+        return (_rebuild_preset, (fields,))
+
+
+def expand_preset(preset: StrategyPreset, base: StrategySpec,
+                  launcher: LauncherRow | None = None) -> StrategySpec:
+    """The full row ``preset`` stands for: ``base`` under the preset's name, launcher
+    (whose row is ``launcher``) and options. A preset that pins a launcher takes no
+    other (``launchers`` empty) and needs that launcher's packages."""
+    pinned = preset.launcher is not None
+    expanded = replace(
+        base, name=preset.name, description=preset.description,
+        launcher=preset.launcher if pinned else base.launcher,
+        launchers=frozenset() if pinned else base.launchers,
+        options={**base.options, **preset.options},
+        variant_of=preset.variant_of,
+        preset_of=base.preset_of or base.name,
+    )
+    return with_launcher(expanded, launcher) if launcher is not None else expanded
+
+
+def with_launcher(spec: StrategySpec, launcher: LauncherRow) -> StrategySpec:
+    """``spec`` started by ``launcher``: that launcher, and its packages required."""
+    return replace(spec, launcher=launcher.name,
+                   requires=tuple(dict.fromkeys((*spec.requires, *launcher.requires))))
+
+
+def _rebuild_preset(fields: dict[str, object]) -> StrategyPreset:
+    return StrategyPreset(**fields)  # type: ignore[arg-type]
 
 
 #: the default traits of the single_device family, and of the families that shard

@@ -360,6 +360,12 @@ class LauncherRow:
             nodes map onto what it places ranks on, in words, quoted in the plan's
             trace: called as ``placement(accelerator=..., devices_per_node=...,
             num_nodes=...)`` at plan time, so it must be cheap and import nothing heavy.
+        strategies: strategies that run under it (chosen with ``launcher=``) beyond
+            those whose own row lists it (`StrategySpec.launchers`); it reaches their
+            presets that keep the strategy's launcher choice open too. Built-in rows
+            leave this empty.
+        requires: optional packages it needs; a plan that uses it needs them too
+            (``missing-package`` otherwise).
     """
 
     name: str
@@ -372,6 +378,11 @@ class LauncherRow:
     on_failure: str = "the launcher stops every rank and launch() raises, naming the rank"
     environment: str | None = None
     placement: Callable[..., str] | None = None
+    strategies: frozenset[str] = frozenset()
+    requires: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _freeze(self, sets=("strategies",), tuples=("requires",))
 
 
 #: The default back-off between restarts of a failed job (``Strategy.launch(...,

@@ -53,6 +53,8 @@ _CHECK_DECISIONS: Mapping[str, tuple[str, ...]] = {
     "devices": ("devices/place", "cluster/check"),
     "num_nodes": ("devices/limits", "cluster/check", "strategy/check"),
     "strategy": ("strategy/check", "strategy/launcher"),
+    # the matrix plans every cell with the strategy's own launcher (kept for the record)
+    "launcher": ("strategy/launcher-flag", "strategy/launcher"),
     "precision": ("precision/check",),
     "plugins": ("plugins/checkpoint-io",),
     "parallelism": ("parallelism/dimensions", "parallelism/degrees",

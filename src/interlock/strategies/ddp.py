@@ -6,7 +6,7 @@ import contextlib
 import datetime
 import inspect
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -20,11 +20,20 @@ from interlock.strategies.module_wrapper import StrategyModule
 from interlock.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 from interlock.strategies.precision import Precision
 
+if TYPE_CHECKING:
+    from interlock.connector.planner import Plan
+
 #: start method -> the registry name of that launch style: the name an instance built
 #: by hand stands for (one built from a plan takes the plan's). The built-in DDP rows
 #: say the same, and tests hold the two together.
 DDP_NAMES: dict[str, str] = {
     "popen": "ddp", "spawn": "ddp_spawn", "fork": "ddp_fork", "forkserver": "ddp_forkserver",
+}
+
+#: interlock's own launchers -> the start method a DDPStrategy of that launcher has
+#: (launchers named like their start method; the script launcher re-runs with popen)
+_LAUNCHER_START_METHODS: dict[str, str] = {
+    "subprocess": "popen", "spawn": "spawn", "fork": "fork", "forkserver": "forkserver",
 }
 
 #: DistributedDataParallel parameters the strategy sets itself
@@ -147,13 +156,21 @@ class DDPStrategy(ParallelStrategy):
         return self.plan.strategy if self.plan is not None else (
             self._unplanned_name(self.start_method))
 
+    def complete(self, plan: Plan) -> None:
+        """As `Strategy.complete`; the start method then follows the plan's launcher
+        where it is one of interlock's own (the script launcher's is ``"popen"``)."""
+        super().complete(plan)
+        method = _LAUNCHER_START_METHODS.get(plan.launcher or "")
+        if method is not None:
+            self.start_method = method
+
     def _unplanned_name(self, start_method: str) -> str:
         own = type(self).registry_name
         return DDP_NAMES[start_method] if own == DDPStrategy.registry_name else own
 
     def _unplanned_launcher(self) -> str | None:
-        # the launcher named like the start method; popen re-runs the script
-        return "subprocess" if self.start_method == "popen" else self.start_method
+        return next(name for name, method in _LAUNCHER_START_METHODS.items()
+                    if method == self.start_method)
 
     def wrap_module(self, module: nn.Module) -> nn.Module:
         """Wrap in ``DistributedDataParallel(module, **ddp_kwargs)``, then let

@@ -18,9 +18,8 @@ PRECISION = PrecisionRow(
     accelerators=frozenset({"cpu"}),
     # the compensation buffer, one per parameter in its dtype, in the optimizer's state
     state_tensors=1,
-    # each built-in DDP launcher is its own strategy (its presets follow it)
-    strategies=frozenset({"single_device", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook",
-                          "ddp_forkserver"}),
+    # ddp reaches its presets too (ddp_spawn, ddp_fork, ...: ddp under a launcher)
+    strategies=frozenset({"single_device", "ddp"}),
 )
 
 __all__ = ["PRECISION"]

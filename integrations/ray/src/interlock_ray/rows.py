@@ -7,7 +7,7 @@ built or launched.
 
 from __future__ import annotations
 
-from interlock import ClusterRow, LauncherRow, MemoryTraits, PackageRow, StrategySpec
+from interlock import ClusterRow, LauncherRow, PackageRow, StrategyPreset
 
 #: How to install what the rows need, quoted by ``missing-package`` refusals.
 INSTALL = "pip install 'ray>=2.10' (or pip install interlock-ray, which brings it)"
@@ -17,7 +17,7 @@ DEFAULT_CPUS_PER_RANK = 1.0
 
 
 def packages() -> list[PackageRow]:
-    """The optional package the strategies require."""
+    """The optional package the launcher requires."""
     return [PackageRow(name="ray", install=INSTALL)]
 
 
@@ -69,56 +69,27 @@ def launchers() -> list[LauncherRow]:
             "placement group and new actors run the function again",
             environment="ray",
             placement=placement,
+            strategies=STRATEGIES,
+            requires=("ray",),
         )
     ]
 
 
-# The same rows as interlock's ddp, fsdp and model_parallel, with the ray launcher:
-# tests/test_rows.py fails when they drift from the built-in rows they follow. The
-# precision sets are spelled out: this package imports only interlock's public API, and
-# reading the built-in rows through it (strategy_specs) would load entry points from
-# inside the loading of this one.
-_ALL_PRECISIONS = frozenset(("64-true", "32-true", "16-true", "bf16-true", "16-mixed",
-                             "bf16-mixed", "transformer-engine",
-                             "transformer-engine-float16"))
-_SHARDED = frozenset(("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed"))
-_TENSOR_PARALLEL = frozenset(("32-true", "16-true", "bf16-true", "bf16-mixed"))
-_CAPABILITIES = frozenset(("accumulation", "clipping", "resharding", "timeout", "elastic"))
-_ON = frozenset(("cpu", "cuda"))
+#: interlock's strategies that run under the ray launcher (``launcher="ray"``)
+STRATEGIES = frozenset(("ddp", "fsdp", "model_parallel"))
 
 
-def strategies() -> list[StrategySpec]:
-    """ray_ddp, ray_fsdp and ray_model_parallel."""
+def strategies() -> list[StrategyPreset]:
+    """ray_ddp, ray_fsdp and ray_model_parallel: names for interlock's ddp, fsdp and
+    model_parallel under the ray launcher (the same as ``strategy="fsdp",
+    launcher="ray"``)."""
     return [
-        StrategySpec(
-            name="ray_ddp",
-            factory="interlock.strategies.ddp:DDPStrategy",
-            description="DistributedDataParallel; every rank a Ray actor",
-            family="ddp", accelerators=_ON, precisions=_ALL_PRECISIONS,
-            launcher="ray", requires=("ray",), capabilities=_CAPABILITIES,
-            parallel_dims=frozenset(("dp_replicate",)),
-            memory=MemoryTraits(sharded=frozenset(), buffers="gradient_buckets"),
-        ),
-        StrategySpec(
-            name="ray_fsdp",
-            factory="interlock.strategies.fsdp:FSDPStrategy",
-            description="FSDP2 (fully_shard) over a device mesh; every rank a Ray actor",
-            family="fsdp", accelerators=_ON, precisions=_SHARDED,
-            launcher="ray", requires=("ray",), precision_plugin="fsdp",
-            capabilities=_CAPABILITIES,
-            parallel_dims=frozenset(("dp_replicate", "dp_shard")),
-            default_parallelism={"dp_shard": "auto"},
-            memory=MemoryTraits(gathers_alone=True),
-        ),
-        StrategySpec(
-            name="ray_model_parallel",
-            factory="interlock.strategies.model_parallel:ModelParallelStrategy",
-            description="an N-D device mesh a user function parallelises the model over; "
-            "every rank a Ray actor",
-            family="model_parallel", accelerators=_ON, precisions=_TENSOR_PARALLEL,
-            launcher="ray", requires=("ray",), capabilities=_CAPABILITIES,
-            parallel_dims=frozenset(("pp", "dp_replicate", "dp_shard", "cp", "tp")),
-            default_parallelism={"tp": "node", "dp_shard": "auto"},
-            memory=MemoryTraits(),
-        ),
+        StrategyPreset(name="ray_ddp", strategy="ddp", launcher="ray",
+                       description="DistributedDataParallel; every rank a Ray actor"),
+        StrategyPreset(name="ray_fsdp", strategy="fsdp", launcher="ray",
+                       description="FSDP2 (fully_shard) over a device mesh; every rank a "
+                       "Ray actor"),
+        StrategyPreset(name="ray_model_parallel", strategy="model_parallel", launcher="ray",
+                       description="an N-D device mesh a user function parallelises the "
+                       "model over; every rank a Ray actor"),
     ]

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
+from interlock.connector.errors import did_you_mean
 from interlock.connector.machine import Machine
 from interlock.connector.parts_registry import PartTables
 from interlock.connector.rules import (
@@ -25,7 +26,7 @@ from interlock.connector.rules import (
     refuse,
     run_stage,
 )
-from interlock.connector.specs import StrategySpec
+from interlock.connector.specs import StrategySpec, with_launcher
 from interlock.connector.tables import LauncherRow
 from interlock.connector.trace import TraceStep
 
@@ -47,6 +48,8 @@ class StrategyInput(NamedTuple):
         cluster: the cluster environment's name.
         cluster_external: whether the cluster creates the processes.
         cluster_given: whether the cluster environment is a plugin the caller gave.
+        launcher: the launcher flag as given (None or ``"auto"``: the strategy's own);
+            read here, where the launcher is decided.
     """
 
     machine: Machine
@@ -61,6 +64,7 @@ class StrategyInput(NamedTuple):
     cluster: str
     cluster_external: bool
     cluster_given: bool = False
+    launcher: object = None
 
 
 class StrategyChoice(NamedTuple):
@@ -101,6 +105,7 @@ class StrategyDraft(PlacedDraft):
     cluster: str
     cluster_external: bool
     cluster_given: bool = False
+    launcher_flag: object = None
     strategy_flag: object = None
     devices_flag: object = None
     num_nodes_flag: object = None
@@ -161,8 +166,9 @@ STRATEGY_CHOICE: Decision[StrategyDraft] = Decision(
         Rule(
             id="strategy/auto-notebook",
             doc="strategy='auto' chooses 'ddp_notebook' for several devices in an "
-            "interactive session (its fork launcher works there).",
-            when=lambda c: c.machine.interactive,
+            "interactive session (its fork launcher works there), unless a launcher is "
+            "asked for.",
+            when=lambda c: c.machine.interactive and _launcher_asked(c) is None,
             then=lambda c: _choose(
                 c, "ddp_notebook", f"{c.devices_per_node} devices in an interactive session"
             ),
@@ -180,6 +186,112 @@ STRATEGY_CHOICE: Decision[StrategyDraft] = Decision(
 def _choose(ctx: StrategyDraft, name: str, why: str) -> str:
     ctx.spec = ctx.specs[name]
     return f"strategy='auto' chose {name!r}: {why}"
+
+
+# --------------------------------------------------------------------------- launcher flag
+
+
+def _launcher_asked(ctx: StrategyDraft) -> object:
+    """The launcher flag, None when it leaves the choice to the strategy."""
+    value = ctx.launcher_flag
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return None
+    return value.strip().lower() if isinstance(value, str) else value
+
+
+def _launcher_names(ctx: StrategyDraft) -> tuple[str, ...]:
+    return tuple(n for n in ctx.parts.launchers if n != "external")
+
+
+def _refuse_unknown_launcher(ctx: StrategyDraft) -> str:
+    value = ctx.launcher_flag
+    known = _launcher_names(ctx)
+    kind = ("no launcher is registered under this name" if isinstance(value, str)
+            else f"must be a launcher name, got {type(value).__name__}")
+    if value == "external":
+        kind = ("'external' means the processes were created outside interlock (torchrun, "
+                "srun, mpirun); the cluster environment decides it, not a flag")
+    refuse(
+        "unknown-launcher",
+        flag="launcher",
+        value=value,
+        reason=f"{kind}.",
+        choices=("auto", *known),
+        suggestion=did_you_mean(value, known),
+    )
+
+
+def _refuse_launcher(ctx: StrategyDraft) -> str:
+    spec = ctx.chosen_spec
+    asked = _launcher_asked(ctx)
+    takes = sorted(ctx.parts.strategy_launchers(spec))
+    if spec.launcher is None:
+        why = f"{spec.name!r}{_chosen_how(ctx)} runs in the calling process"
+    elif spec.preset_of is not None and not spec.launchers:
+        why = (f"{spec.name!r}{_chosen_how(ctx)} is {spec.preset_of!r} under the "
+               f"{spec.launcher} launcher; ask for strategy={spec.preset_of!r} with "
+               f"launcher={asked!r} instead")
+    else:
+        why = (f"{spec.name!r}{_chosen_how(ctx)} runs under "
+               f"{', '.join(takes)} only")
+    users = tuple(sorted(n for n, s in ctx.specs.items()
+                         if s.variant_of is None and s.preset_of is None
+                         and asked in ctx.parts.strategy_launchers(s)
+                         and ctx.accelerator in ctx.parts.strategy_accelerators(s)))
+    refuse(
+        "unsupported-launcher",
+        flag="launcher",
+        value=ctx.launcher_flag,
+        reason=f"launcher {asked!r} is not supported: {why}.",
+        choices=(*(f"launcher={n!r}" for n in takes),
+                 *(f"strategy={n!r}" for n in users)),
+    )
+
+
+def _take_launcher(ctx: StrategyDraft) -> str:
+    spec = ctx.chosen_spec
+    asked = str(_launcher_asked(ctx))
+    if spec.launcher != asked:
+        ctx.spec = with_launcher(spec, ctx.parts.launchers[asked])
+    return f"launcher={asked!r} was asked for; {spec.name!r} runs under it"
+
+
+LAUNCHER_FLAG: Decision[StrategyDraft] = Decision(
+    id="strategy/launcher-flag",
+    doc="The launcher flag: 'auto' (the default) keeps the strategy's own launcher; a "
+    "launcher name must be one the strategy runs under (its row's launcher and "
+    "launchers, and launcher rows that name it).",
+    rules=(
+        Rule(
+            id="launcher-flag/auto",
+            doc="No launcher asked for: the strategy's own.",
+            when=lambda c: _launcher_asked(c) is None,
+            then=lambda c: "launcher='auto': the strategy's own launcher",
+        ),
+        Rule(
+            id="launcher-flag/unknown",
+            doc="Not a registered launcher's name ('external' is the cluster's to decide).",
+            when=lambda c: _launcher_asked(c) not in _launcher_names(c),
+            then=_refuse_unknown_launcher,
+            refuses="unknown-launcher",
+        ),
+        Rule(
+            id="launcher-flag/unsupported",
+            doc="A launcher the strategy does not run under (a preset that pins another "
+            "launcher, or a strategy that runs in the calling process).",
+            when=lambda c: _launcher_asked(c) not in c.parts.strategy_launchers(c.chosen_spec),
+            then=_refuse_launcher,
+            refuses="unsupported-launcher",
+        ),
+        Rule(
+            id="launcher-flag/take",
+            doc="The strategy runs under the launcher asked for: the plan's row is the "
+            "strategy's with that launcher.",
+            when=always,
+            then=_take_launcher,
+        ),
+    ),
+)
 
 
 # --------------------------------------------------------------------------- check
@@ -451,6 +563,8 @@ def _refuse_foreign_environment(ctx: StrategyDraft) -> str:
     assert owner is not None
     users = tuple(sorted(n for n, spec in ctx.specs.items()
                          if spec.launcher == owner.name and spec.variant_of is None))
+    if owner.name in ctx.parts.strategy_launchers(ctx.chosen_spec):
+        users = (f"launcher={owner.name!r}", *users)
     refuse(
         "conflicting-flags",
         flag="plugins",
@@ -582,7 +696,8 @@ LAUNCHER_CHOICE = Decision(
 STRATEGY_STAGE = Stage(
     name="strategy",
     doc="Choose the strategy, check its row against the machine, choose the launcher.",
-    decisions=(STRATEGY_CHOICE, STRATEGY_DEVICES, STRATEGY_CHECK, LAUNCHER_CHOICE),
+    decisions=(STRATEGY_CHOICE, LAUNCHER_FLAG, STRATEGY_DEVICES, STRATEGY_CHECK,
+               LAUNCHER_CHOICE),
 )
 
 
@@ -600,7 +715,7 @@ def choose_strategy(inputs: StrategyInput, written: Written = NOT_WRITTEN) -> St
         devices=inputs.devices, parallel_devices=inputs.parallel_devices,
         num_nodes=inputs.num_nodes, cluster=inputs.cluster,
         cluster_external=inputs.cluster_external, cluster_given=inputs.cluster_given,
-        strategy_flag=written.strategy,
+        launcher_flag=inputs.launcher, strategy_flag=written.strategy,
         devices_flag=written.devices, num_nodes_flag=written.num_nodes,
     )
     trace = run_stage(STRATEGY_STAGE, draft, inputs.parts)
