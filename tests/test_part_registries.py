@@ -240,7 +240,7 @@ def test_a_malformed_row_lists_every_problem() -> None:
     bad = PrecisionRow(
         name="16", param_dtype="Float 16", compute_dtype="float16", scaler="no",  # type: ignore[arg-type]
         plugin="fsdp", description="", factory="no-colon", requires=("apex",),
-        accelerators=frozenset({"tpu9"}), strategies=frozenset({"fsdp", "nope"}),
+        accelerators=frozenset({"tpu9"}), strategies=frozenset({"deepspeed", "nope"}),
     )
     with pytest.raises(RegistrationError) as info:
         register_precision(bad)
@@ -249,8 +249,15 @@ def test_a_malformed_row_lists_every_problem() -> None:
                      "scaler must be a bool", "plugin 'fsdp' is a strategy's own",
                      "description", "factory 'no-colon'", "['apex']", "['tpu9'] are unknown",
                      "strategies ['nope'] are not registered",
-                     "strategies ['fsdp'] build their own precision plugin (fsdp)"):
+                     "strategy 'deepspeed' builds every precision itself (DeepSpeed's "
+                     "engine casts, scales and steps by its own config"):
         assert fragment in message, f"{fragment!r} missing from: {message}"
+    # FSDP wraps a registered precision's own plugin, but not its own loss scaler
+    scaled = dataclasses.replace(FP8, strategies=frozenset({"fsdp"}), scaler=True)
+    with pytest.raises(RegistrationError, match="a loss scaler of the precision's own "
+                       "would not agree across the shards"):
+        register_precision(scaled)
+    assert "fp8-ilk" not in precision_rows()
     bad_npu = dataclasses.replace(NPU, name="gpu", machine_fact="cuda_devices",
                                   precisions=frozenset({"fp4"}), backend="", max_devices=0)
     with pytest.raises(RegistrationError) as info:

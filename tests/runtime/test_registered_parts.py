@@ -5,13 +5,18 @@ environment into the strategy, and training runs through them."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 import pytest
+import sharded_workloads as sw
 import torch
-from third_party_parts import CountingPrecision, GridEnvironment
+from harness import close, launch_forked
+from third_party_parts import CountingPrecision, GradSumPrecision, GridEnvironment
 
 import interlock
 from interlock import CheckpointIORow, ClusterRow, Machine, PrecisionRow
+from interlock.strategies.fsdp import FSDPStrategy
+from interlock.strategies.precision.fsdp import FSDPPrecision
 
 COUNTING = PrecisionRow(
     name="32-counting", param_dtype="float32", compute_dtype="float32", scaler=False,
@@ -64,6 +69,51 @@ def test_a_registered_precision_is_built_from_its_factory_and_trains(registered:
     reference(batch).square().sum().backward()
     plain_optimizer.step()
     torch.testing.assert_close(model.weight, reference.weight, rtol=0, atol=0)
+
+
+GRAD_SUM = PrecisionRow(
+    name="32-grad-sum", param_dtype="float32", compute_dtype="float32", scaler=False,
+    plugin="grad_sum", description="float32 that sums each parameter's gradients",
+    factory="third_party_parts:GradSumPrecision", accelerators=frozenset({"cpu"}),
+    strategies=frozenset({"fsdp"}),
+)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("kind", ["full", "sharded"])
+def test_fsdp_wraps_a_registered_precision_and_its_state_survives_a_checkpoint(
+        kind: str, tmp_path: Path) -> None:
+    interlock.register_precision(GRAD_SUM)
+    try:
+        def fsdp() -> FSDPStrategy:
+            built = interlock.resolve(strategy=FSDPStrategy(state_dict_type=kind),
+                                      accelerator="cpu", devices=2, precision=GRAD_SUM.name,
+                                      machine=Machine())
+            assert isinstance(built, FSDPStrategy)
+            return built
+
+        strategy = fsdp()
+        assert isinstance(strategy.precision, FSDPPrecision)
+        assert type(strategy.precision.inner) is GradSumPrecision
+        assert strategy.precision.mixed_precision_policy is None
+        path = tmp_path / "ckpt"
+        saved = launch_forked(strategy, sw.train_and_save, str(path), 3)
+        per_parameter = saved["optimizer"]["state"].values()
+        assert per_parameter and all(GradSumPrecision.KEY in v for v in per_parameter), (
+            "the precision's own step did not run under FSDP")
+        loaded = launch_forked(fsdp(), _load_on_every_rank, str(path))
+        for rank, state in enumerate(loaded):
+            close(state, saved["optimizer"], f"a {kind} checkpoint's optimizer state as "
+                  f"rank {rank} loaded it, the precision's keys included")
+    finally:
+        interlock.unregister_precision(GRAD_SUM.name)
+
+
+def _load_on_every_rank(strategy: FSDPStrategy, path: str) -> list[object]:
+    """Every rank's optimizer state after loading ``path`` into a fresh model."""
+    state = sw.load_into_fresh(strategy, path)["optimizer"]
+    gathered: list[object] = strategy.collective.all_gather_object(state)
+    return gathered
 
 
 def test_a_registered_precision_is_refused_where_its_row_does_not_reach(

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from torch.optim import Optimizer
+
 from interlock.strategies.environments import LocalEnvironment
 from interlock.strategies.io import TorchCheckpointIO
 from interlock.strategies.precision import Precision
@@ -26,6 +28,32 @@ class CountingPrecision(Precision):
     def convert_input(self, data: Any) -> Any:
         self.inputs += 1
         return data
+
+
+class GradSumPrecision(Precision):
+    """float32 that keeps, per parameter, the sum of its gradients in the optimizer's
+    state beside the optimizer's own (a state key torch's own step does not create)."""
+
+    KEY = "ilk_grad_sum"
+
+    def __init__(self, precision: str) -> None:
+        self.precision = precision
+
+    @classmethod
+    def for_precision(cls, precision: str, device_type: str) -> Precision:
+        return cls(precision)
+
+    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+        # after the step: the optimizer creates its own state on a parameter's first
+        result = optimizer.step(**kwargs)
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    state = optimizer.state[param]
+                    total = state.get(self.KEY)
+                    state[self.KEY] = (param.grad.detach().clone() if total is None
+                                       else total + param.grad.detach())
+        return result
 
 
 class GridEnvironment(LocalEnvironment):

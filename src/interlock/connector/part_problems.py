@@ -28,6 +28,7 @@ from interlock.connector.tables import (
     ACCELERATORS,
     EXTRA_DEVICES_FACT,
     LEGACY_PRECISIONS,
+    REGISTERED_PRECISION_REFUSALS,
     START_METHODS,
     STRATEGY_PRECISION_PLUGINS,
     AcceleratorRow,
@@ -131,20 +132,29 @@ def _bool(row: Any, field: str, problems: list[str]) -> None:
 
 
 def _strategies(value: frozenset[str], known: Known, problems: list[str],
-                own_precision: bool) -> None:
+                own_precision: PrecisionRow | None) -> None:
+    """Check the strategies a row names; for a precision row (``own_precision``), that
+    each takes a precision's own plugin."""
     unknown = sorted(s for s in value if s not in known.strategies)
     if unknown:
         problems.append(f"strategies {unknown} are not registered; a row may name only "
                         "strategies registered before it (a third-party strategy declares "
                         "this row in its own StrategySpec instead)")
-    if own_precision:
-        own = sorted(s for s in value if s in known.strategies
-                     and getattr(known.strategies[s], "precision_plugin", None) is not None)
-        if own:
-            problems.append(
-                f"strategies {own} build their own precision plugin "
-                f"({', '.join(sorted({known.strategies[s].precision_plugin for s in own}))}), "
-                "which cannot implement another precision; name strategies without one")
+    if own_precision is None:
+        return
+    for name in sorted(value):
+        family = getattr(known.strategies.get(name), "precision_plugin", None)
+        if family is None:
+            continue
+        why = REGISTERED_PRECISION_REFUSALS.get(family, "its precision plugin is its own")
+        if why is not None:
+            problems.append(f"strategy {name!r} builds every precision itself ({why}); "
+                            "name strategies that take a precision's own plugin")
+        elif own_precision.scaler:
+            problems.append(f"strategy {name!r} shards gradients, and a loss scaler of "
+                            "the precision's own would not agree across the shards on "
+                            "which steps to skip; a precision with scaler=True may not "
+                            "name it")
 
 
 def precision_problems(row: object, known: Known) -> list[str]:
@@ -177,7 +187,7 @@ def precision_problems(row: object, known: Known) -> list[str]:
         problems.append(f"accelerators {unknown} are unknown; known: "
                         f"{', '.join(known.accelerators)}")
     _strategies(_names(row.strategies, "strategies", problems), known, problems,
-                own_precision=True)
+                own_precision=row)
     _state_tensors(row, problems)
     return problems
 
@@ -230,7 +240,7 @@ def accelerator_problems(row: object, known: Known) -> list[str]:
     ):
         problems.append(f"max_devices must be None or an int from 1 to {MAX_DEVICES_PER_NODE}")
     _strategies(_names(row.strategies, "strategies", problems), known, problems,
-                own_precision=False)
+                own_precision=None)
     if (not isinstance(row.memory_reserve, int) or isinstance(row.memory_reserve, bool)
             or not 0 <= row.memory_reserve <= MAX_BYTES):
         problems.append(f"memory_reserve must be an int of bytes >= 0, got "
@@ -294,7 +304,7 @@ def launcher_problems(row: object, known: Known) -> list[str]:
                         "environment set")
     _requires(row.requires, problems, known)
     _strategies(_names(row.strategies, "strategies", problems), known, problems,
-                own_precision=False)
+                own_precision=None)
     return problems
 
 

@@ -707,6 +707,16 @@ INSTALL_HINTS: Mapping[str, str] = MappingProxyType({row.name: row.install for r
 #: strategy row naming one gets that family's plugin for every precision it supports
 STRATEGY_PRECISION_PLUGINS: tuple[str, ...] = ("fsdp", "deepspeed", "xla")
 
+#: why each strategy family with a precision plugin of its own can or cannot take a
+#: registered precision (a `PrecisionRow` naming such a strategy): None where the
+#: family wraps the precision's own plugin (FSDP sets its policy around it)
+REGISTERED_PRECISION_REFUSALS: Mapping[str, str | None] = MappingProxyType({
+    "fsdp": None,
+    "deepspeed": "DeepSpeed's engine casts, scales and steps by its own config, so no "
+    "precision plugin takes part in its optimizer step",
+    "xla": "the XLA plugin sets torch_xla's dtypes itself",
+})
+
 # --------------------------------------------------------------------------- strategy names
 
 

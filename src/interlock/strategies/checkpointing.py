@@ -244,6 +244,7 @@ def load_full(strategy: SavingStrategy, path: str | Path, state: dict[str, Any],
     checkpoint: dict[str, Any] = {}
     problem: str | None = None
     not_found = False
+    wanted: dict[str, StateKeys] = {}
     if strategy.is_global_zero:
         try:
             checkpoint = load_with(strategy.checkpoint_io, path, map_location="cpu",
@@ -255,7 +256,8 @@ def load_full(strategy: SavingStrategy, path: str | Path, state: dict[str, Any],
                 problem = describe_misfits(path, misfits(state, checkpoint))
             for name, target in state.items():
                 if problem is None and isinstance(target, Optimizer):
-                    optimizer_state_by_name(checkpoint[name], target, owners[name])
+                    wanted[name] = saved_state_keys(
+                        optimizer_state_by_name(checkpoint[name], target, owners[name]))
         except FileNotFoundError as error:
             problem, not_found = str(error), True
         except CheckpointLoadError as error:
@@ -267,8 +269,8 @@ def load_full(strategy: SavingStrategy, path: str | Path, state: dict[str, Any],
     small = {n: checkpoint[n] for n, v in state.items()
              if isinstance(v, Optimizer) and n in checkpoint and not _has_tensors(checkpoint[n])}
     header = (problem, not_found, small,
-              {k: v for k, v in checkpoint.items() if k not in sharded})
-    problem, not_found, small, rest = strategy.broadcast(header)
+              {k: v for k, v in checkpoint.items() if k not in sharded}, wanted)
+    problem, not_found, small, rest, wanted = strategy.broadcast(header)
     if not_found:
         raise FileNotFoundError(problem)
     if problem is not None:
@@ -282,6 +284,7 @@ def load_full(strategy: SavingStrategy, path: str | Path, state: dict[str, Any],
             if isinstance(target, Optimizer) and name in small:
                 target.load_state_dict(small[name])
             elif isinstance(target, Optimizer):
+                add_state_keys(target, owners[name], wanted.get(name, {}))
                 by_name = (
                     optimizer_state_by_name(checkpoint[name], target, owners[name])
                     if strategy.is_global_zero else {}
@@ -655,6 +658,9 @@ def load_distributed(strategy: SavingStrategy, path: str | Path, state: dict[str
     owners = optimizer_owners(state)
     # taken before the targets are made: torch fills a fresh optimizer's state then
     with restoring(strategy, path, state):
+        for name, value in state.items():
+            if isinstance(value, Optimizer):
+                add_state_keys(value, owners[name], _metadata_state_keys(metadata, name))
         targets, _ = split_state(strategy, state)
         saved_keys = set(metadata.state_dict_metadata)
         for name, target in targets.items():
@@ -685,6 +691,59 @@ def load_distributed(strategy: SavingStrategy, path: str | Path, state: dict[str
                 set_optimizer_state_dict(owners[name], value, targets[name],
                                          options=_OPTIMIZER_SHARDED)
         return _restore_plain(strategy, state, plain)
+
+
+#: per parameter (by fully qualified name), the state keys a checkpoint holds for it,
+#: each with its dtype and shape
+StateKeys = dict[str, dict[str, tuple[torch.dtype, tuple[int, ...]]]]
+
+
+def saved_state_keys(by_name: Mapping[str, Any]) -> StateKeys:
+    """The per-parameter tensor keys of an optimizer state dict keyed by name."""
+    return {fqn: {key: (value.dtype, tuple(value.shape)) for key, value in values.items()
+                  if isinstance(value, torch.Tensor)}
+            for fqn, values in by_name.get("state", {}).items()}
+
+
+def _metadata_state_keys(metadata: Metadata, name: str) -> StateKeys:
+    """`saved_state_keys` of optimizer ``name`` as a distributed checkpoint's metadata
+    describes it."""
+    prefix = f"{name}.state."
+    found: StateKeys = {}
+    for key, saved in metadata.state_dict_metadata.items():
+        if key.startswith(prefix) and isinstance(saved, TensorStorageMetadata):
+            fqn, _, state_key = key[len(prefix):].rpartition(".")
+            if fqn:
+                found.setdefault(fqn, {})[state_key] = (saved.properties.dtype,
+                                                        tuple(saved.size))
+    return found
+
+
+def add_state_keys(optimizer: Optimizer, owner: nn.Module, wanted: StateKeys) -> None:
+    """Give a fresh optimizer the per-parameter state keys a checkpoint holds that its
+    own step does not create, before the checkpoint is loaded into it.
+
+    torch loads an optimizer's sharded state into what the optimizer holds after one
+    step with zero gradients (``exp_avg``, ``momentum_buffer``): a key a precision keeps
+    beside those (a Kahan compensation buffer) would be dropped, or on other ranks than
+    0 never arrive. Each such key gets zeros shaped and sharded like its parameter, in
+    the saved dtype (a scalar key, a plain scalar), for the load to fill."""
+    if not any(wanted.values()):
+        return
+    # torch's own loaders initialise a fresh optimizer's state this way first
+    groups: list[dict[str, Any]] = list(
+        get_optimizer_state_dict(owner, optimizer)["param_groups"])  # type: ignore[arg-type]
+    names = [str(fqn) for group in groups for fqn in group["params"]]
+    params = [param for group in optimizer.param_groups for param in group["params"]]
+    for fqn, param in zip(names, params, strict=True):
+        for key, (dtype, shape) in wanted.get(fqn, {}).items():
+            state = optimizer.state[param]
+            if key in state:
+                continue
+            if shape == ():
+                state[key] = torch.zeros((), dtype=dtype)
+            elif tuple(param.shape) == shape:
+                state[key] = torch.zeros_like(param.detach(), dtype=dtype)
 
 
 def pipeline_stages(strategy: SavingStrategy) -> int:

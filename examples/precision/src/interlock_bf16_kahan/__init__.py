@@ -18,8 +18,9 @@ PRECISION = PrecisionRow(
     accelerators=frozenset({"cpu"}),
     # the compensation buffer, one per parameter in its dtype, in the optimizer's state
     state_tensors=1,
-    # ddp reaches its presets too (ddp_spawn, ddp_fork, ...: ddp under a launcher)
-    strategies=frozenset({"single_device", "ddp"}),
+    # ddp reaches its presets too (ddp_spawn, ddp_fork, ...: ddp under a launcher);
+    # fsdp wraps this row's plugin in its own (the sharding policy around it)
+    strategies=frozenset({"single_device", "ddp", "fsdp"}),
 )
 
 __all__ = ["PRECISION"]

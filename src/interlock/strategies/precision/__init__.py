@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from interlock.connector.parts_registry import accelerator_rows, precision_rows
 from interlock.connector.tables import STRATEGY_PRECISION_PLUGINS
-from interlock.strategies.factories import load_part
 from interlock.strategies.precision.base import Precision
 from interlock.strategies.precision.double import DoublePrecision
+from interlock.strategies.precision.from_row import plugin_from_row
 from interlock.strategies.precision.half import HalfPrecision
 from interlock.strategies.precision.mixed import MixedPrecision
 from interlock.strategies.precision.transformer_engine import (
@@ -52,8 +52,7 @@ def precision_for(name: str, device_type: str, plugin: str | None = None) -> Pre
             f"precision_for(device_type={device_type!r}): expected one of "
             f"{', '.join(map(repr, accelerators))}"
         )
-    row = precision_rows().get(name)
-    if row is None:
+    if name not in precision_rows():
         raise ValueError(
             f"precision_for(name={name!r}): expected a canonical precision, one of "
             f"{', '.join(map(repr, precision_rows()))}"
@@ -61,13 +60,7 @@ def precision_for(name: str, device_type: str, plugin: str | None = None) -> Pre
     if plugin is not None:
         return _strategy_precision(plugin, name, device_type)
     # the class that implements a precision is its row's factory (built-in or registered)
-    cls = load_part("precision", name, row.factory, row.requires)
-    if not (isinstance(cls, type) and issubclass(cls, Precision)):
-        raise TypeError(
-            f"precision {name!r}: its factory {row.factory} is not a subclass of "
-            "interlock.strategies.precision.Precision"
-        )
-    return cls.for_precision(name, device_type)
+    return plugin_from_row(name, device_type)
 
 
 def _strategy_precision(plugin: str, name: str, device_type: str) -> Precision:

@@ -2,9 +2,10 @@
 
 FSDP2 keeps the sharded parameters in their stored dtype and casts the gathered copies
 for compute according to a :class:`MixedPrecisionPolicy`. This plugin owns that
-policy and delegates everything else (module casting, autocast, the loss scaler's
-bookkeeping) to the plugin the precision table names, so the behaviour of a precision
-is written once.
+policy and delegates everything else (module casting, autocast, the optimizer step,
+the loss scaler's bookkeeping) to the precision's own plugin, built from its row
+(`plugin_from_row`), built-in or registered: the behaviour of a precision is written
+once, and a registered precision whose row names ``fsdp`` runs here unchanged.
 """
 
 from __future__ import annotations
@@ -18,15 +19,11 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.optim import Optimizer
 
-from interlock.connector.tables import PRECISION_ROWS, SHARDED_PRECISIONS
+from interlock.connector.parts_registry import precision_rows
+from interlock.connector.tables import PRECISION_ROWS, SHARDED_PRECISIONS, PrecisionRow
 from interlock.strategies.precision.base import Precision
-from interlock.strategies.precision.half import HalfPrecision
+from interlock.strategies.precision.from_row import plugin_from_row
 from interlock.strategies.precision.mixed import MixedPrecision
-from interlock.strategies.precision.true import TruePrecision
-
-#: the precisions FSDP2 supports here (the engine's sharded set: float64 is left out,
-#: FSDP2's collectives and the policy are float32-and-below)
-FSDP_PRECISIONS: tuple[str, ...] = SHARDED_PRECISIONS
 
 
 class FSDPPrecision(Precision):
@@ -40,34 +37,41 @@ class FSDPPrecision(Precision):
       (``reduce_dtype``), and the forward runs under autocast. ``16-mixed`` scales the
       loss with a sharded grad scaler, which agrees on "skip this step" across ranks
       (each rank sees only its own gradient shards).
+    - a registered precision: its own plugin, with the policy its row's dtypes call for
+      (a compute dtype other than the parameters' gathers in the compute dtype and
+      reduces in float32, as the mixed rows do; otherwise none).
 
     Args:
-        precision: one of ``FSDP_PRECISIONS``.
+        precision: a built-in sharded precision (``SHARDED_PRECISIONS``) or a
+            registered one.
         device_type: the torch device type the model computes on.
+
+    Raises:
+        ValueError: a built-in precision FSDP2 does not run (``64-true``, Transformer
+            Engine's), or a name no row declares.
     """
 
     def __init__(self, precision: str, device_type: str) -> None:
-        if precision not in FSDP_PRECISIONS:
+        if precision in PRECISION_ROWS and precision not in SHARDED_PRECISIONS:
             raise ValueError(
                 f"FSDPPrecision(precision={precision!r}): expected one of "
-                f"{', '.join(map(repr, FSDP_PRECISIONS))}"
+                f"{', '.join(map(repr, SHARDED_PRECISIONS))} or a registered precision"
             )
         self.precision = precision
         self.device_type = device_type
-        row = PRECISION_ROWS[precision]
-        self._inner: Precision
-        if row.plugin == "mixed":
-            scaler = _sharded_scaler(device_type) if row.scaler else None
-            self._inner = MixedPrecision(precision, device_type, scaler=scaler)
-        elif row.plugin == "half":
-            self._inner = HalfPrecision(precision)
-        else:
-            self._inner = Precision()
+        self._inner = plugin_from_row(precision, device_type)
+        row = self._row
+        if row.scaler and isinstance(self._inner, MixedPrecision):
+            self._inner.scaler = _sharded_scaler(device_type)
         self.mixed_precision_policy: MixedPrecisionPolicy | None = (
             MixedPrecisionPolicy(param_dtype=getattr(torch, row.compute_dtype),
                                  reduce_dtype=torch.float32)
-            if row.plugin == "mixed" else None
+            if row.compute_dtype != row.param_dtype else None
         )
+
+    @property
+    def _row(self) -> PrecisionRow:
+        return precision_rows()[self.precision]
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
@@ -75,14 +79,19 @@ class FSDPPrecision(Precision):
         return self._inner.scaler if isinstance(self._inner, MixedPrecision) else None
 
     @property
+    def inner(self) -> Precision:
+        """The precision's own plugin, which this one delegates to."""
+        return self._inner
+
+    @property
     def compute_dtype(self) -> torch.dtype:
         """The dtype the forward pass computes in."""
-        return getattr(torch, PRECISION_ROWS[self.precision].compute_dtype)  # type: ignore[no-any-return]
+        return getattr(torch, self._row.compute_dtype)  # type: ignore[no-any-return]
 
     @property
     def param_dtype(self) -> torch.dtype:
         """The dtype the sharded parameters are stored in."""
-        return getattr(torch, PRECISION_ROWS[self.precision].param_dtype)  # type: ignore[no-any-return]
+        return getattr(torch, self._row.param_dtype)  # type: ignore[no-any-return]
 
     def convert_module(self, module: nn.Module) -> nn.Module:
         return self._inner.convert_module(module)
@@ -126,11 +135,6 @@ class FSDPPrecision(Precision):
 
     def teardown(self) -> None:
         self._inner.teardown()
-
-    @property
-    def is_half_true(self) -> bool:
-        """Whether the shards themselves are half precision (``16-true``/``bf16-true``)."""
-        return isinstance(self._inner, TruePrecision)
 
 
 def _sharded_scaler(device_type: str) -> torch.amp.GradScaler:
