@@ -229,3 +229,13 @@ def test_auto_devices_in_a_notebook_are_unchanged() -> None:
     result = plan(strategy="single_device", machine=EIGHT_GPUS_NOTEBOOK)
     assert result.parallel_devices == ("cuda:0",)
     assert "strategy/devices-as-placed" in [step.rule for step in result.trace]
+
+
+@pytest.mark.parametrize("value", ["x" * 10**6, "spawn" * 200_000, 10**5000, b"fork"],
+                         ids=["10**6 chars", "a name 200,000 times", "10**5000", "bytes"])
+def test_an_absurd_launcher_is_refused_briefly(value: object) -> None:
+    with suppress_type_checks():
+        error = _refusal(strategy="ddp", devices=2, accelerator="cpu", launcher=value,
+                         machine=CPU)
+    assert (error.code, error.flag) == ("unknown-launcher", "launcher")
+    _assert_short(error)

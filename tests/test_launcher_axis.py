@@ -103,7 +103,7 @@ def test_strategies_that_take_one_launcher_or_none_refuse_others() -> None:
 
 @pytest.mark.parametrize(("value", "words"), [
     ("sapwn", "Did you mean 'spawn'?"),
-    ("external", "the cluster environment decides it"),
+    (" External ", "the cluster environment decides it"),
     (3, "must be a launcher name, got int"),
     (["fork"], "must be a launcher name, got list"),
 ])
@@ -198,6 +198,8 @@ def test_a_registered_preset_is_its_strategy_under_its_launcher() -> None:
      "launcher 'spawn' is not one strategy 'fsdp' runs under; it takes subprocess"),
     (StrategyPreset(name="ilk_p", strategy="single_device", launcher="fork", description="x"),
      "it takes none (it runs in the calling process)"),
+    (StrategyPreset(name="ilk_p", strategy="ddp", launcher=["fork"],  # type: ignore[arg-type]
+                    description="x"), "launcher must be a launcher name or None, got list"),
     (StrategyPreset(name="ilk_p", strategy="ddp", description=""),
      "description must be a non-empty string"),
     (StrategyPreset(name="ilk_p", strategy="ddp", description="x", options={"bogus": 1}),

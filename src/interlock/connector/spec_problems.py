@@ -168,7 +168,10 @@ def expanded(row: object, taken: Mapping[str, StrategySpec]
         problems.append(f"variant_of {short_repr(row.variant_of)} is not a registered "
                         "strategy")
     launcher = None
-    if base is not None and row.launcher is not None:
+    if row.launcher is not None and not isinstance(row.launcher, str):
+        problems.append(f"launcher must be a launcher name or None, got "
+                        f"{type(row.launcher).__name__}")
+    elif base is not None and row.launcher is not None:
         launcher = current_parts().launchers.get(row.launcher)
         takes = current_parts().strategy_launchers(base)
         if row.launcher not in takes:

@@ -208,7 +208,7 @@ def _refuse_unknown_launcher(ctx: StrategyDraft) -> str:
     known = _launcher_names(ctx)
     kind = ("no launcher is registered under this name" if isinstance(value, str)
             else f"must be a launcher name, got {type(value).__name__}")
-    if value == "external":
+    if _launcher_asked(ctx) == "external":
         kind = ("'external' means the processes were created outside interlock (torchrun, "
                 "srun, mpirun); the cluster environment decides it, not a flag")
     refuse(
