@@ -64,8 +64,8 @@ def test_each_preset_is_the_builtin_strategy_under_the_ray_launcher(name: str) -
     preset = interlock.plan(strategy=name, accelerator="cpu", devices=2, machine=CPU_MACHINE)
     axis = interlock.plan(strategy=FOLLOWS[name], launcher="ray", accelerator="cpu",
                           devices=2, machine=CPU_MACHINE)
-    for field in ("launcher", "cluster_environment", "world_size", "parallelism", "precision"):
-        assert getattr(preset, field) == getattr(axis, field), field
+    for fact in ("launcher", "cluster_environment", "world_size", "parallelism", "precision"):
+        assert getattr(preset, fact) == getattr(axis, fact), fact
 
 
 def test_the_ray_launcher_takes_the_strategies_its_row_names_and_no_other() -> None:
@@ -87,9 +87,10 @@ def test_the_parts_are_registered_through_entry_points_only() -> None:
 @pytest.mark.parametrize("name", sorted(FOLLOWS))
 @pytest.mark.parametrize("axis", [False, True])
 def test_without_ray_the_rows_are_refused_with_an_install_hint(name: str, axis: bool) -> None:
-    flags = {"strategy": FOLLOWS[name], "launcher": "ray"} if axis else {"strategy": name}
     with pytest.raises(ResolutionError) as caught:
-        interlock.plan(accelerator="cpu", devices=2, machine=Machine(), **flags)
+        interlock.plan(strategy=FOLLOWS[name] if axis else name,
+                       launcher="ray" if axis else None, accelerator="cpu", devices=2,
+                       machine=Machine())
     error = caught.value
     assert error.code == "missing-package"
     assert "pip install 'ray>=2.10'" in str(error)
