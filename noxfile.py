@@ -138,6 +138,12 @@ def bench(session: nox.Session) -> None:
                       "'checkpoint', 'parallelism', 'cold-plan' or 'ray'")
 
 
+def _regenerate_pages(session: nox.Session) -> None:
+    """The compatibility pages cite every report's date and verdicts: a session that
+    writes a report rewrites them at once, so a committed report never leaves them stale."""
+    session.run("python", "-m", "interlock.matrix.compat")
+
+
 @nox.session(python=PYTHON)
 def conformance(session: nox.Session) -> None:
     """The conformance suite for every registered strategy on every runner this machine
@@ -149,7 +155,7 @@ def conformance(session: nox.Session) -> None:
     session.install("--no-deps", "-e", "examples/precision")
     session.run("interlock", "conformance", "--strategy", "all", "--workers", "2",
                 "--report", "docs/conformance-report.json", *session.posargs)
-    session.run("python", "-m", "interlock.matrix.compat")
+    _regenerate_pages(session)
 
 
 @nox.session(python=PYTHON)
@@ -234,6 +240,7 @@ def xla(session: nox.Session) -> None:
     session.run("interlock", "conformance", "--strategy", "single_xla", "--strategy", "xla",
                 "--runner", "tpu", "--world-sizes", "1,2",
                 "--report", "docs/conformance-report-xla.json", env={"PJRT_DEVICE": "CPU"})
+    _regenerate_pages(session)
 
 
 #: the DeepSpeed rows the suite runs on the CPU runner (the NVMe row needs a path on a
@@ -275,6 +282,7 @@ def deepspeed(session: nox.Session) -> None:
     rows = [] if chosen else [arg for row in DEEPSPEED_ROWS for arg in ("--strategy", row)]
     session.run("interlock", "conformance", *rows, "--runner", "cpu", "--workers", "2",
                 "--report", "docs/conformance-report-deepspeed.json", *session.posargs)
+    _regenerate_pages(session)
 
 
 #: the torch the GPU session installs: PyPI's build for Linux is a CUDA build
@@ -321,6 +329,7 @@ def gpu(session: nox.Session) -> None:
                 "--world-sizes", sizes, "--workers", workers,
                 "--skips-file", "tools/conformance-skips-cuda.txt",
                 "--report", "docs/conformance-report-gpu.json", *session.posargs)
+    _regenerate_pages(session)
     session.run("pytest", "-m", "gpu", "-n", workers, "--typeguard-packages=interlock",
                 "tests/runtime")
 
@@ -368,6 +377,7 @@ def ray(session: nox.Session) -> None:
                 "--cpus", "4", "--", "interlock", "conformance", *rows, "--runner", "cpu",
                 "--world-sizes", "1,2", "--workers", "2",
                 "--report", "docs/conformance-report-ray.json", *session.posargs)
+    _regenerate_pages(session)
 
 
 @nox.session(python=PYTHON)
