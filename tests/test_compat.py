@@ -12,7 +12,7 @@ import pytest
 from typeguard import suppress_type_checks
 
 import interlock
-from interlock.connector.registry import unregister_strategy
+from interlock import unregister
 from interlock.connector.specs import StrategySpec
 from interlock.connector.tables import PRECISION_NAMES
 from interlock.matrix import compat
@@ -326,10 +326,10 @@ def test_environment_table(markdown: str) -> None:
 
 
 def test_one_device_strategies_get_one_device_everywhere(markdown: str) -> None:
-    spec = interlock.strategy_specs()["single_device"]
+    spec = interlock.registered(interlock.StrategySpec)["single_device"]
     assert spec.max_devices == 1
     assert all(environment_devices(spec, e) == 1 for e in ENVIRONMENTS)
-    assert environment_devices(interlock.strategy_specs()["ddp"], "torchrun") == 8
+    assert environment_devices(interlock.registered(interlock.StrategySpec)["ddp"], "torchrun") == 8
     single = {k: _split_note(v)[0] for k, v in _env_row(markdown, "single_device").items()}
     assert single["no-fork"] == "✓ in-process", "not invalid-devices: it asks for devices=1"
     assert single["local"] == single["notebook"] == "✓ in-process"
@@ -595,16 +595,16 @@ def odd_strategy() -> Iterator[interlock.StrategySpec]:
         precisions=frozenset(("32-true",)),
         launcher="subprocess",
     )
-    interlock.register_strategy(spec)
+    interlock.register(spec)
     try:
         yield spec
     finally:
-        interlock.unregister_strategy(spec.name)
+        interlock.unregister(interlock.StrategySpec, spec.name)
 
 
 @fast_render
 def test_html_escapes_registered_text(odd_strategy: interlock.StrategySpec) -> None:
-    specs = list(interlock.strategy_specs().values())
+    specs = list(interlock.registered(interlock.StrategySpec).values())
     page = render_html(specs=specs, report=None)
     assert "<b>bold</b>" not in page
     assert "&lt;b&gt;bold&lt;/b&gt; &amp; &quot;quoted&quot;" in page
@@ -876,10 +876,10 @@ def test_doctor_tells_planned_from_runnable() -> None:
         description="probe", family="other", accelerators=frozenset({"cpu"}),
         precisions=frozenset({"32-true"}), launcher="fork",
     )
-    interlock.register_strategy(spec)
+    interlock.register(spec)
     try:
         strategies = _section(doctor_report(interlock.Machine()), "Strategies on cpu")
     finally:
-        unregister_strategy(spec.name)
+        unregister(StrategySpec, spec.name)
     assert re.search(r"no  unimportable_probe\s+planned \(1 x cpu", strategies), strategies
     assert "its implementation cannot be imported" in strategies

@@ -18,15 +18,10 @@ from interlock import (
     RegistrationError,
     ResolutionError,
     StrategyPreset,
+    StrategySpec,
     plan,
-    register_launcher,
-    register_package,
-    register_precision,
-    register_strategy,
-    unregister_launcher,
-    unregister_package,
-    unregister_precision,
-    unregister_strategy,
+    register,
+    unregister,
 )
 from interlock.strategies.ddp import DDPStrategy
 from machines import CPU, NOTEBOOK
@@ -43,7 +38,7 @@ SAME = ("accelerator", "precision", "parallel_devices", "num_nodes", "world_size
 
 
 def test_every_launch_style_name_plans_to_ddp_under_its_launcher() -> None:
-    specs = interlock.strategy_specs()
+    specs = interlock.registered(interlock.StrategySpec)
     for name, launcher in LAUNCH_STYLES.items():
         for variant in (name, f"{name}_find_unused_parameters_true"):
             if variant not in specs:  # ddp_forkserver has no find_unused presets
@@ -132,17 +127,17 @@ def test_in_a_notebook_auto_takes_the_launcher_asked_for() -> None:
 def grid() -> Iterator[None]:
     """A package that brings a launcher for ddp and fsdp, which needs the package, and
     a preset naming fsdp under it."""
-    register_package(PackageRow(name="ilk_gridpkg", install="pip install ilk-gridpkg"))
-    register_launcher(LauncherRow(
+    register(PackageRow(name="ilk_gridpkg", install="pip install ilk-gridpkg"))
+    register(LauncherRow(
         name="ilk_grid", start_method=None, interactive=True, launches_single=True,
         description="a grid", factory="interlock.strategies.launchers.external:ExternalLauncher",
         strategies=frozenset({"ddp", "fsdp"}), requires=("ilk_gridpkg",)))
-    register_strategy(StrategyPreset(name="ilk_grid_fsdp", strategy="fsdp",
+    register(StrategyPreset(name="ilk_grid_fsdp", strategy="fsdp",
                                      launcher="ilk_grid", description="fsdp on the grid"))
     yield
-    unregister_strategy("ilk_grid_fsdp")
-    unregister_launcher("ilk_grid")
-    unregister_package("ilk_gridpkg")
+    unregister(StrategySpec, "ilk_grid_fsdp")
+    unregister(LauncherRow, "ilk_grid")
+    unregister(PackageRow, "ilk_gridpkg")
 
 
 def with_grid() -> Machine:
@@ -175,7 +170,7 @@ def test_the_launchers_package_is_required_with_its_install_hint() -> None:
 
 @pytest.mark.usefixtures("grid")
 def test_a_registered_preset_is_its_strategy_under_its_launcher() -> None:
-    specs = interlock.strategy_specs()
+    specs = interlock.registered(interlock.StrategySpec)
     preset, fsdp = specs["ilk_grid_fsdp"], specs["fsdp"]
     assert (preset.launcher, preset.launchers, preset.preset_of) == ("ilk_grid", frozenset(),
                                                                       "fsdp")
@@ -210,22 +205,22 @@ def test_a_registered_preset_is_its_strategy_under_its_launcher() -> None:
 def test_a_malformed_preset_is_refused_with_the_reason(preset: StrategyPreset,
                                                        words: str | None) -> None:
     if words is None:  # options are checked against the factory when the plan is built
-        register_strategy(preset)
+        register(preset)
         try:
             with pytest.raises(ResolutionError) as caught:
                 interlock.resolve(strategy="ilk_p", accelerator="cpu", devices=2, machine=CPU)
             assert caught.value.code == "unknown-option" and "bogus" in caught.value.reason
         finally:
-            unregister_strategy("ilk_p")
+            unregister(StrategySpec, "ilk_p")
         return
     with pytest.raises(RegistrationError, match="cannot register strategy") as refused:
-        register_strategy(preset)
+        register(preset)
     assert words in str(refused.value)
-    assert "ilk_p" not in interlock.strategy_specs()
+    assert "ilk_p" not in interlock.registered(interlock.StrategySpec)
 
 
 def test_a_precision_that_names_ddp_reaches_every_launcher_and_preset_of_it() -> None:
-    register_precision(PrecisionRow(
+    register(PrecisionRow(
         name="ilk-bf16-x", param_dtype="bfloat16", compute_dtype="bfloat16", scaler=False,
         plugin="ilk_x", factory="interlock.strategies.precision.half:HalfPrecision",
         description="x", accelerators=frozenset({"cpu"}), strategies=frozenset({"ddp"})))
@@ -241,7 +236,7 @@ def test_a_precision_that_names_ddp_reaches_every_launcher_and_preset_of_it() ->
                  devices=2, machine=CPU)
         assert caught.value.code == "unsupported-precision"
     finally:
-        unregister_precision("ilk-bf16-x")
+        unregister(PrecisionRow, "ilk-bf16-x")
 
 
 def _rank_and_start(strategy: DDPStrategy) -> tuple[int, str, str]:

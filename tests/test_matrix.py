@@ -107,10 +107,10 @@ def test_the_matrix_runs_the_parallelism_stage() -> None:
     """A registered row whose options ask for a degree the devices cannot hold is
     refused by the parallelism stage: the matrix says so, as plan() does (a cell the
     sampled comparison above would rarely pick)."""
-    model_parallel = interlock.strategy_specs()["model_parallel"]
+    model_parallel = interlock.registered(interlock.StrategySpec)["model_parallel"]
     spec = dataclasses.replace(model_parallel, name="matrix_test_tp3",
                                options={"tensor_parallel_size": 3})
-    interlock.register_strategy(spec)
+    interlock.register(spec)
     try:
         space = dataclasses.replace(FLAG_SPACE, accelerators=("cpu",), devices=(2,),
                                     precisions=("32-true",), num_nodes=(1,),
@@ -121,7 +121,7 @@ def test_the_matrix_runs_the_parallelism_stage() -> None:
         assert outcome == "invalid-parallelism parallelism", outcome
         assert outcome == _direct(profile.name, cell)
     finally:
-        interlock.unregister_strategy(spec.name)
+        interlock.unregister(interlock.StrategySpec, spec.name)
 
 
 def test_differences_read_well() -> None:

@@ -74,7 +74,7 @@ def test_seven_billion_under_fsdp_over_eight_ranks_holds_about_14_gb() -> None:
     ("sgd", 8), ("sgd_momentum", 12), ("adam", 16), ("adamw", 16), ("adagrad", 12),
     ("rmsprop", 12), ("rmsprop_momentum", 16)])
 def test_each_optimizer_row_counts_its_state(optimizer: str, per_parameter: int) -> None:
-    row = interlock.optimizer_rows()[optimizer]
+    row = interlock.registered(interlock.OptimizerRow)[optimizer]
     memory = _memory(model=ModelShape(parameters=1000, tensors=2), optimizer=optimizer,
                      machine=CPU)
     assert memory.model_state_bytes == per_parameter * 1000 + 2 * row.scalar_bytes
@@ -345,14 +345,14 @@ def test_probe_reads_the_hosts_memory() -> None:
 def test_a_registered_optimizer_is_planned_for() -> None:
     row = OptimizerRow(name="ilk_lion", state_tensors=1, description="Lion: one momentum",
                        factory="lion_pytorch:Lion")
-    interlock.register_optimizer(row)
+    interlock.register(row)
     try:
         memory = _memory(model=ModelShape(parameters=100), optimizer="ilk_lion", machine=CPU)
         assert memory.optimizer_state_bytes == 400
     finally:
-        interlock.unregister_optimizer("ilk_lion")
+        interlock.unregister(interlock.OptimizerRow, "ilk_lion")
     with pytest.raises(interlock.RegistrationError, match="state_tensors must be an int"):
-        interlock.register_optimizer(OptimizerRow(name="ilk_bad", state_tensors=-1,
+        interlock.register(OptimizerRow(name="ilk_bad", state_tensors=-1,
                                                   description="x", factory="a.b:C"))
 
 
@@ -364,15 +364,15 @@ def test_a_precision_that_keeps_state_says_so_in_its_row() -> None:
         scaler=False, plugin="ilk_kahan", factory="interlock.strategies.precision.half:"
         "HalfPrecision", description="x", accelerators=frozenset({"cpu"}),
         strategies=frozenset({"single_device"}), state_tensors=1)
-    interlock.register_precision(row)
+    interlock.register(row)
     try:
         memory = _memory(model=ModelShape(parameters=100), optimizer="sgd_momentum",
                          precision="ilk-bf16-compensated", machine=CPU)
         assert memory.optimizer_state_bytes == 100 * 2 * 2  # momentum and compensation
     finally:
-        interlock.unregister_precision("ilk-bf16-compensated")
+        interlock.unregister(interlock.PrecisionRow, "ilk-bf16-compensated")
     with pytest.raises(interlock.RegistrationError, match="state_tensors must be an int"):
-        interlock.register_precision(interlock.PrecisionRow(
+        interlock.register(interlock.PrecisionRow(
             name="ilk-bad", param_dtype="bfloat16", compute_dtype="bfloat16", scaler=False,
             plugin="ilk_kahan", factory="a.b:C", description="x", state_tensors=99))
 
@@ -383,9 +383,9 @@ def test_a_strategy_declares_its_memory_traits_or_takes_its_familys() -> None:
                         precisions=frozenset({"32-true"}), launcher="fork",
                         memory=MemoryTraits(sharded=frozenset({"optimizer", "nope"})))
     with pytest.raises(interlock.RegistrationError, match=r"memory.sharded has \['nope'\]"):
-        interlock.register_strategy(spec)
-    assert pickle.loads(pickle.dumps(interlock.strategy_specs()["deepspeed_stage_2"])) == \
-        interlock.strategy_specs()["deepspeed_stage_2"]
+        interlock.register(spec)
+    stage_2 = interlock.registered(interlock.StrategySpec)["deepspeed_stage_2"]
+    assert pickle.loads(pickle.dumps(stage_2)) == stage_2
     ddp_like = StrategySpec(name="x", factory="a.b:C", description="x", family="ddp",
                             accelerators=frozenset({"cpu"}), precisions=frozenset({"32-true"}),
                             launcher="fork")

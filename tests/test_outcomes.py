@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from typeguard import suppress_type_checks
 
-from interlock import Machine, ResolutionError, plan
+from interlock import Machine, ResolutionError, StrategySpec, plan, register, registered, unregister
 from machines import (
     CPU,
     EIGHT_GPUS,
@@ -504,17 +504,15 @@ def test_memo_returns_the_same_plan_and_never_conflates_types() -> None:
 def test_memo_follows_the_registry() -> None:
     import dataclasses
 
-    from interlock import register_strategy, unregister_strategy
-    from interlock.connector.registry import strategy_specs
 
-    spec = dataclasses.replace(strategy_specs()["ddp"], name="ddp_memo_probe",
+    spec = dataclasses.replace(registered(StrategySpec)["ddp"], name="ddp_memo_probe",
                                factory="x.y:Z", variant_of=None)
-    register_strategy(spec)
+    register(spec)
     try:
         assert plan(strategy="ddp_memo_probe", devices=2, machine=CPU).strategy == (
             "ddp_memo_probe")
     finally:
-        unregister_strategy("ddp_memo_probe")
+        unregister(StrategySpec, "ddp_memo_probe")
     assert refusal(CPU, strategy="ddp_memo_probe", devices=2).code == "unknown-strategy"
 
 

@@ -11,13 +11,16 @@ import pytest
 
 import interlock
 from interlock import InterlockDeprecationWarning, Machine
-from interlock.connector.parts_registry import (
-    ACCELERATOR_REGISTRY,
-    ENVIRONMENT_REGISTRY,
-    LAUNCHER_REGISTRY,
-    PRECISION_REGISTRY,
+from interlock.connector.tables import (
+    ACCELERATORS,
+    CLUSTERS,
+    LAUNCHERS,
+    PRECISIONS,
+    AcceleratorRow,
+    ClusterRow,
+    LauncherRow,
+    PrecisionRow,
 )
-from interlock.connector.tables import AcceleratorRow, ClusterRow, LauncherRow, PrecisionRow
 
 
 def load(factory: str) -> Any:
@@ -32,7 +35,7 @@ def _ids(rows: tuple[Any, ...]) -> list[str]:
     return [row.name for row in rows]
 
 
-@pytest.mark.parametrize("row", PRECISION_REGISTRY.builtin, ids=_ids(PRECISION_REGISTRY.builtin))
+@pytest.mark.parametrize("row", PRECISIONS, ids=_ids(PRECISIONS))
 def test_precision_factory_is_the_plugin_the_runtime_builds(row: PrecisionRow) -> None:
     from interlock.strategies.precision import MissingPackageError, Precision, precision_for
 
@@ -49,8 +52,8 @@ def test_precision_factory_is_the_plugin_the_runtime_builds(row: PrecisionRow) -
         f"{type(built).__module__}:{type(built).__qualname__} (plugin family {row.plugin!r})")
 
 
-@pytest.mark.parametrize("row", ACCELERATOR_REGISTRY.builtin,
-                         ids=_ids(ACCELERATOR_REGISTRY.builtin))
+@pytest.mark.parametrize("row", ACCELERATORS,
+                         ids=_ids(ACCELERATORS))
 def test_accelerator_factory_is_the_class_of_that_name(row: AcceleratorRow) -> None:
     from interlock.strategies.accelerators import Accelerator, accelerator_for
 
@@ -99,8 +102,8 @@ def test_the_deprecated_device_counters_answer_as_plan_does(
         assert (CPUAccelerator.is_available(), CPUAccelerator.auto_device_count()) == (True, 1)
 
 
-@pytest.mark.parametrize("row", ENVIRONMENT_REGISTRY.builtin,
-                         ids=_ids(ENVIRONMENT_REGISTRY.builtin))
+@pytest.mark.parametrize("row", CLUSTERS,
+                         ids=_ids(CLUSTERS))
 def test_environment_factory_is_the_class_of_that_name(row: ClusterRow) -> None:
     from interlock.strategies.environments import ClusterEnvironment, environment_for
 
@@ -110,7 +113,7 @@ def test_environment_factory_is_the_class_of_that_name(row: ClusterRow) -> None:
     assert type(environment_for(row.name, {})) is cls, "environment_for builds another class"
 
 
-@pytest.mark.parametrize("row", LAUNCHER_REGISTRY.builtin, ids=_ids(LAUNCHER_REGISTRY.builtin))
+@pytest.mark.parametrize("row", LAUNCHERS, ids=_ids(LAUNCHERS))
 def test_launcher_factory_is_a_launcher_of_that_name(row: LauncherRow) -> None:
     from interlock.strategies.launchers import Launcher, MultiProcessingLauncher
 
@@ -131,7 +134,7 @@ def test_launcher_factory_is_a_launcher_of_that_name(row: LauncherRow) -> None:
 def test_the_engine_never_imports_a_factory() -> None:
     """Every factory lives in the runtime (or a plugin), which the engine never imports:
     the factory strings name modules outside interlock.connector."""
-    for registry in (PRECISION_REGISTRY, ACCELERATOR_REGISTRY, ENVIRONMENT_REGISTRY,
-                     LAUNCHER_REGISTRY):
-        for row in registry.builtin:
-            assert row.factory.startswith("interlock.strategies."), (registry.kind, row)
+    rows: tuple[PrecisionRow | AcceleratorRow | ClusterRow | LauncherRow, ...] = (
+        *PRECISIONS, *ACCELERATORS, *CLUSTERS, *LAUNCHERS)
+    for row in rows:
+        assert row.factory.startswith("interlock.strategies."), row

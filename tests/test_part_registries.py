@@ -12,7 +12,7 @@ import dataclasses
 import re
 import sys
 import types
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from importlib import metadata
 from importlib.metadata import EntryPoint, EntryPoints
 from typing import Any
@@ -26,32 +26,13 @@ from interlock import (
     ResolutionError,
     StrategySpec,
     plan,
-    register_package,
-    register_strategy,
-    unregister_package,
+    register,
+    registered,
+    unregister,
 )
-from interlock.connector import parts_registry, registry
+from interlock.connector import registry
 from interlock.connector.docs import render_rules_markdown
-from interlock.connector.parts_registry import (
-    REGISTRIES,
-    accelerator_rows,
-    broken_part_entry_points,
-    checkpoint_io_rows,
-    environment_rows,
-    part_entry_points,
-    precision_rows,
-    register_accelerator,
-    register_checkpoint_io,
-    register_environment,
-    register_launcher,
-    register_part,
-    register_precision,
-    unregister_accelerator,
-    unregister_checkpoint_io,
-    unregister_environment,
-    unregister_precision,
-)
-from interlock.connector.registry import registry_version
+from interlock.connector.registry import broken_entry_points, entry_points, registry_version
 from interlock.connector.tables import (
     AcceleratorRow,
     CheckpointIORow,
@@ -97,23 +78,8 @@ RAY = LauncherRow(name="ilk_ray", start_method=None, interactive=True, launches_
 @pytest.fixture
 def clean() -> Iterator[None]:
     """Every registry (parts and strategies) as it was, whatever the test registers."""
-    parts_registry.current_parts()  # loaded before the snapshot, as in any process
-    saved = {kind: (dict(r.rows), r.entry_points) for kind, r in REGISTRIES.items()}
-    specs, loaded = dict(registry._specs), registry._entry_points_loaded
-    strategy_entry_points = registry._entry_points
-    yield
-    for kind, r in REGISTRIES.items():
-        rows, entry_points = saved[kind]
-        r.rows.clear()
-        r.rows.update(rows)
-        r.entry_points = entry_points
-    parts_registry._loaded = True
-    parts_registry._version += 1
-    registry._specs.clear()
-    registry._specs.update(specs)
-    registry._entry_points_loaded = loaded
-    registry._entry_points = strategy_entry_points
-    registry._version += 1
+    with registry.isolated():
+        yield
 
 
 def _plugin_module(monkeypatch: pytest.MonkeyPatch, name: str, **attributes: object) -> None:
@@ -132,8 +98,7 @@ def _install(monkeypatch: pytest.MonkeyPatch, *entries: tuple[str, str, str]) ->
         return installed.select(**params) if params else installed
 
     monkeypatch.setattr(metadata, "entry_points", entry_points)
-    parts_registry._loaded = False
-    registry._entry_points_loaded = False
+    registry.forget_entry_points()
 
 
 def _refusal(**flags: Any) -> ResolutionError:
@@ -147,7 +112,7 @@ def _refusal(**flags: Any) -> ResolutionError:
 
 @pytest.mark.usefixtures("clean")
 def test_a_registered_precision_works_where_its_row_says_and_nowhere_else() -> None:
-    register_precision(FP8)
+    register(FP8)
     assert plan(precision="fp8-ilk", machine=CPU).precision == "fp8-ilk"
     assert plan(precision="fp8-ilk", strategy="ddp", devices=2, machine=CPU).world_size == 2
     # a preset of a strategy the row names follows it
@@ -175,7 +140,7 @@ def test_a_registered_precision_works_where_its_row_says_and_nowhere_else() -> N
 
 @pytest.mark.usefixtures("clean")
 def test_a_registered_precision_is_a_choice_and_a_did_you_mean() -> None:
-    register_precision(FP8)
+    register(FP8)
     error = _refusal(precision="fp8-ilj", machine=CPU)
     assert error.code == "unknown-precision"
     assert error.suggestion == "fp8-ilk" and "fp8-ilk" in error.choices
@@ -184,25 +149,19 @@ def test_a_registered_precision_is_a_choice_and_a_did_you_mean() -> None:
 @pytest.mark.usefixtures("clean")
 def test_unregistering_restores_the_built_in_answer() -> None:
     before = _refusal(precision="fp8-ilk", machine=CPU)
-    register_precision(FP8)
+    register(FP8)
     plan(precision="fp8-ilk", machine=CPU)
-    unregister_precision("fp8-ilk")
+    unregister(PrecisionRow, "fp8-ilk")
     after = _refusal(precision="fp8-ilk", machine=CPU)
     assert (after.code, after.choices, after.rule) == (before.code, before.choices, before.rule)
-    assert "fp8-ilk" not in precision_rows()
+    assert "fp8-ilk" not in registered(PrecisionRow)
 
 
 @pytest.mark.usefixtures("clean")
 def test_every_registration_changes_the_memo_version() -> None:
     first = plan(machine=CPU)
     assert plan(machine=CPU) is first  # memoised
-    rows: list[tuple[Callable[..., None], Any, Callable[[str], None]]] = [
-        (register_precision, FP8, unregister_precision),
-        (register_accelerator, NPU, unregister_accelerator),
-        (register_environment, GRID, unregister_environment),
-        (register_launcher, RAY, parts_registry.unregister_launcher),
-    ]
-    for register, row, unregister in rows:
+    for row in (FP8, NPU, GRID, RAY):
         version = registry_version()
         register(row)
         assert registry_version() != version, f"registering {row.name} kept the version"
@@ -210,7 +169,7 @@ def test_every_registration_changes_the_memo_version() -> None:
         version = registry_version()
         register(row)  # the same row again: harmless, nothing changes
         assert registry_version() == version
-        unregister(row.name)
+        unregister(type(row), row.name)
         assert registry_version() != version, f"unregistering {row.name} kept the version"
 
 
@@ -218,21 +177,22 @@ def test_every_registration_changes_the_memo_version() -> None:
 def test_registration_refuses_a_taken_name_and_built_in_removal() -> None:
     clash = dataclasses.replace(FP8, name="bf16-mixed")
     with pytest.raises(RegistrationError, match=r"precision 'bf16-mixed' from "
-                       r"register_precision\(\): the name is already taken by a built-in "
+                       r"register\(\): the name is already taken by a built-in "
                        r"precision \(interlock\.strategies\.precision\.mixed:MixedPrecision\)"):
-        register_precision(clash)
+        register(clash)
     with pytest.raises(RegistrationError, match="cannot unregister built-in accelerator 'cuda'"):
-        unregister_accelerator("cuda")
+        unregister(AcceleratorRow, "cuda")
     with pytest.raises(RegistrationError, match="expected a PackageRow, PrecisionRow, "
-                       "CheckpointIORow, AcceleratorRow"):
-        register_part("not a row")
-    register_part(FP8)
-    assert precision_rows()["fp8-ilk"] is FP8
+                       "CheckpointIORow, AcceleratorRow, ClusterRow, LauncherRow, "
+                       "OptimizerRow, StrategySpec, StrategyPreset; got str"):
+        register("not a row")
+    register(FP8)
+    assert registered(PrecisionRow)["fp8-ilk"] is FP8
 
 
 def test_the_views_are_read_only() -> None:
     with pytest.raises(TypeError):
-        precision_rows()["x"] = FP8  # type: ignore[index]
+        registered(PrecisionRow)["x"] = FP8  # type: ignore[index]
 
 
 @pytest.mark.usefixtures("clean")
@@ -243,7 +203,7 @@ def test_a_malformed_row_lists_every_problem() -> None:
         accelerators=frozenset({"tpu9"}), strategies=frozenset({"deepspeed", "nope"}),
     )
     with pytest.raises(RegistrationError) as info:
-        register_precision(bad)
+        register(bad)
     message = str(info.value)
     for fragment in ("legacy precision alias (of '16-mixed')", "param_dtype 'Float 16'",
                      "scaler must be a bool", "plugin 'fsdp' is a strategy's own",
@@ -256,12 +216,12 @@ def test_a_malformed_row_lists_every_problem() -> None:
     scaled = dataclasses.replace(FP8, strategies=frozenset({"fsdp"}), scaler=True)
     with pytest.raises(RegistrationError, match="a loss scaler of the precision's own "
                        "would not agree across the shards"):
-        register_precision(scaled)
-    assert "fp8-ilk" not in precision_rows()
+        register(scaled)
+    assert "fp8-ilk" not in registered(PrecisionRow)
     bad_npu = dataclasses.replace(NPU, name="gpu", machine_fact="cuda_devices",
                                   precisions=frozenset({"fp4"}), backend="", max_devices=0)
     with pytest.raises(RegistrationError) as info:
-        register_accelerator(bad_npu)
+        register(bad_npu)
     message = str(info.value)
     for fragment in ("name 'gpu' is an accelerator input of its own",
                      "machine_fact must be 'extra_devices'", "precisions ['fp4'] are unknown",
@@ -270,26 +230,26 @@ def test_a_malformed_row_lists_every_problem() -> None:
     bad_grid = dataclasses.replace(GRID, name="plugin", local_size_vars=("ILK_UNDECLARED",),
                                    detect="yes")  # type: ignore[arg-type]
     with pytest.raises(RegistrationError) as info:
-        register_environment(bad_grid)
+        register(bad_grid)
     message = str(info.value)
     for fragment in ("name 'plugin' is reserved", "detect must be None or a callable",
                      "local_size_vars reads ['ILK_UNDECLARED']"):
         assert fragment in message, f"{fragment!r} missing from: {message}"
     with pytest.raises(RegistrationError, match="start_method 'thread' is unknown"):
-        register_launcher(dataclasses.replace(RAY, start_method="thread"))
+        register(dataclasses.replace(RAY, start_method="thread"))
 
 
 @pytest.mark.usefixtures("clean")
 def test_strategies_may_declare_registered_parts() -> None:
-    register_precision(dataclasses.replace(FP8, strategies=frozenset()))
-    register_accelerator(NPU)
-    register_launcher(RAY)
+    register(dataclasses.replace(FP8, strategies=frozenset()))
+    register(NPU)
+    register(RAY)
     spec = StrategySpec(
         name="ilk_ray_ddp", factory="ilk_parts:RayDDP", description="DDP over Ray actors",
         family="ddp", accelerators=frozenset({"cpu", "ilk_npu"}),
         precisions=frozenset({"32-true", "fp8-ilk"}), launcher="ilk_ray",
     )
-    registry.register_strategy(spec)
+    registry.register(spec)
     result = plan(strategy="ilk_ray_ddp", precision="fp8-ilk", devices=2, machine=CPU)
     assert (result.launcher, result.precision) == ("ilk_ray", "fp8-ilk")
     assert spec.interactive  # from the registered launcher row
@@ -299,9 +259,9 @@ def test_strategies_may_declare_registered_parts() -> None:
 
 def test_the_rules_page_documents_the_built_in_rows_only(clean: None) -> None:
     committed = render_rules_markdown()
-    register_precision(FP8)
-    register_accelerator(NPU)
-    register_environment(GRID)
+    register(FP8)
+    register(NPU)
+    register(GRID)
     assert render_rules_markdown() == committed
 
 
@@ -313,27 +273,27 @@ def test_an_accelerator_row_names_its_checkpoint_io() -> None:
     tagged = CheckpointIORow(name="ilk_tagged", factory="ilk_parts:TaggedIO",
                              description="torch's format under another name")
     with pytest.raises(RegistrationError, match="checkpoint_io 'ilk_tagged' is unknown"):
-        register_accelerator(dataclasses.replace(NPU, checkpoint_io="ilk_tagged"))
-    register_checkpoint_io(tagged)
-    register_accelerator(dataclasses.replace(NPU, checkpoint_io="ilk_tagged"))
+        register(dataclasses.replace(NPU, checkpoint_io="ilk_tagged"))
+    register(tagged)
+    register(dataclasses.replace(NPU, checkpoint_io="ilk_tagged"))
     npus = Machine(extra_devices={"ilk_npu": 2})
     result = plan(accelerator="ilk_npu", machine=npus)
     assert result.checkpoint_io == "ilk_tagged"
     assert "plugins/checkpoint-io-ilk_tagged" in [step.rule for step in result.trace]
     assert plan(machine=CPU).checkpoint_io == "torch"  # the others keep theirs
-    assert checkpoint_io_rows()["ilk_tagged"] == tagged
+    assert registered(CheckpointIORow)["ilk_tagged"] == tagged
     # its plans must not silently save another way: the accelerator goes first
     with pytest.raises(RegistrationError, match="cannot unregister checkpoint IO "
                        "'ilk_tagged': the accelerator ilk_npu saves through it"):
-        unregister_checkpoint_io("ilk_tagged")
-    unregister_accelerator("ilk_npu")
-    unregister_checkpoint_io("ilk_tagged")
-    assert "ilk_tagged" not in checkpoint_io_rows()
+        unregister(CheckpointIORow, "ilk_tagged")
+    unregister(AcceleratorRow, "ilk_npu")
+    unregister(CheckpointIORow, "ilk_tagged")
+    assert "ilk_tagged" not in registered(CheckpointIORow)
 
 
 @pytest.mark.usefixtures("clean")
 def test_a_registered_accelerator_counts_its_devices_when_the_machine_is_probed() -> None:
-    register_accelerator(dataclasses.replace(NPU, device_count="plugins:three_devices"))
+    register(dataclasses.replace(NPU, device_count="plugins:three_devices"))
     probed = Machine.probe()
     assert probed.extra_devices == {"ilk_npu": 3}
     result = plan()  # this machine, probed: the counter says three NPUs
@@ -350,7 +310,7 @@ def test_a_registered_accelerator_counts_its_devices_when_the_machine_is_probed(
 @pytest.mark.usefixtures("clean")
 def test_a_device_counter_that_fails_is_reported_and_counts_none(counter: str,
                                                                  why: str) -> None:
-    register_accelerator(dataclasses.replace(NPU, device_count=counter))
+    register(dataclasses.replace(NPU, device_count=counter))
     with pytest.warns(RuntimeWarning, match=f"accelerator 'ilk_npu' counts its devices "
                       f"with {counter}, which {why}"):
         probed = Machine.probe()
@@ -363,12 +323,12 @@ def test_a_device_counter_must_name_a_function() -> None:
     with pytest.raises(RegistrationError, match=re.escape(
             "device_count 'torch.xpu.device_count' must be None or look like "
             "'package.module:function'")):
-        register_accelerator(dataclasses.replace(NPU, device_count="torch.xpu.device_count"))
+        register(dataclasses.replace(NPU, device_count="torch.xpu.device_count"))
 
 
 @pytest.mark.usefixtures("clean")
 def test_a_registered_accelerator_takes_part_in_auto() -> None:
-    register_accelerator(NPU)
+    register(NPU)
     npus = Machine(extra_devices={"ilk_npu": 4})
     result = plan(machine=npus)
     assert (result.accelerator, result.strategy) == ("ilk_npu", "ddp")
@@ -422,9 +382,9 @@ def test_an_environment_from_an_entry_point_is_detected_and_shown(
     assert (result.cluster_environment, result.launcher) == ("ilk_grid", "external")
     assert "cluster/ilk_grid" in [step.rule for step in result.trace]
     assert "cluster environment:  ilk_grid" in result.explain()
-    (status,) = part_entry_points("environments")
+    (status,) = entry_points("environments")
     assert (status.name, status.names, status.broken) == ("grid", ("ilk_grid",), False)
-    assert environment_rows()["ilk_grid"] is GRID
+    assert registered(ClusterRow)["ilk_grid"] is GRID
     # before `external`, which torch's variables alone would choose
     both = Machine(environ={**GRID_JOB, **TORCH_VARIABLES})
     assert plan(devices=2, machine=both).cluster_environment == "ilk_grid"
@@ -440,7 +400,7 @@ def test_an_environment_from_an_entry_point_is_detected_and_shown(
 def test_probing_keeps_a_registered_environments_variables(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    register_environment(GRID)
+    register(GRID)
     for name, value in GRID_JOB.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("ILK_UNDECLARED", "x")
@@ -457,12 +417,12 @@ def test_an_entry_point_registers_its_rows_all_or_none(monkeypatch: pytest.Monke
              ("interlock.accelerators", "npu", "ilk_parts:ONE"))
     with pytest.warns(RuntimeWarning, match=r"entry point 'fp8' \(ilk_parts:PRECISIONS\) "
                       r"failed to load, so the precisions it provides are unavailable"):
-        rows = precision_rows()
+        rows = registered(PrecisionRow)
     assert "fp8-ilk" not in rows and "fp8-bad" not in rows
-    (broken,) = broken_part_entry_points()
+    (broken,) = broken_entry_points()
     assert broken.names == ("fp8", "fp8-ilk", "fp8-bad")
     assert "plugin 'deepspeed' is a strategy's own precision family" in str(broken.error)
-    assert "ilk_npu" in accelerator_rows()  # the other group is not affected
+    assert "ilk_npu" in registered(AcceleratorRow)  # the other group is not affected
 
 
 # --------------------------------------------------------------------------- broken
@@ -478,7 +438,7 @@ def test_a_broken_entry_point_of_each_kind_is_named(monkeypatch: pytest.MonkeyPa
              ("interlock.environments", "grid", "ilk_missing_environment:ROWS"),
              ("interlock.launchers", "ray", "ilk_missing_launcher:ROWS"))
     with pytest.warns(RuntimeWarning) as warned:
-        statuses = part_entry_points()
+        statuses = entry_points()
     assert len(warned) == 4, [str(w.message) for w in warned]
     assert [(ep.group, ep.name, ep.broken) for ep in statuses] == [
         ("interlock.precisions", "fp8", True), ("interlock.accelerators", "npu", True),
@@ -506,7 +466,7 @@ def test_a_broken_entry_point_of_each_kind_is_named(monkeypatch: pytest.MonkeyPa
     # a strategy naming the launcher a broken plugin provides is refused, naming it
     with pytest.raises(RegistrationError, match=r"launcher 'ilk_ray' is unknown.*entry "
                        r"point 'ray' \(ilk_missing_launcher:ROWS\) failed to load"):
-        registry.register_strategy(StrategySpec(
+        registry.register(StrategySpec(
             name="ilk_ray_ddp", factory="ilk_parts:RayDDP", description="DDP over Ray",
             family="ddp", accelerators=frozenset({"cpu"}), precisions=frozenset({"32-true"}),
             launcher="ilk_ray"))
@@ -543,16 +503,16 @@ def _grid_ddp(**changes: Any) -> StrategySpec:
 @pytest.mark.usefixtures("clean")
 def test_a_registered_package_is_required_probed_and_hinted() -> None:
     with pytest.raises(RegistrationError, match="not optional packages the engine knows"):
-        register_strategy(_grid_ddp(launcher="subprocess"))
-    register_package(HAS_GRID)
-    register_strategy(_grid_ddp(launcher="subprocess"))
+        register(_grid_ddp(launcher="subprocess"))
+    register(HAS_GRID)
+    register(_grid_ddp(launcher="subprocess"))
     error = _refusal(strategy="ilk_grid_ddp", devices=2, machine=CPU)
     assert error.code == "missing-package" and "pip install ilk-gridlib" in str(error)
     present = Machine(packages=frozenset({"ilk_gridlib"}))
     assert plan(strategy="ilk_grid_ddp", devices=2, accelerator="cpu",
                 machine=present).strategy == "ilk_grid_ddp"
     # probing looks for registered packages too ("json" is importable everywhere)
-    register_package(PackageRow(name="json", install="(the standard library)"))
+    register(PackageRow(name="json", install="(the standard library)"))
     assert "json" in Machine.probe().packages
     with pytest.raises(ValueError, match="does not consult"):
         Machine(packages=frozenset({"ilk_not_registered"}))
@@ -566,19 +526,19 @@ def test_a_registered_package_is_required_probed_and_hinted() -> None:
 ])
 def test_a_malformed_package_row_is_refused(row: PackageRow, problem: str) -> None:
     with pytest.raises(RegistrationError, match=problem):
-        register_package(row)
+        register(row)
 
 
 @pytest.mark.usefixtures("clean")
 def test_a_launcher_that_places_ranks_elsewhere_names_their_environment() -> None:
     with pytest.raises(RegistrationError, match="environment 'ilk_grid' is not a cluster"):
-        register_launcher(PLACER)
+        register(PLACER)
     with pytest.raises(RegistrationError, match=r"placement .* needs environment set"):
-        register_launcher(dataclasses.replace(RAY, placement=lambda **_: "x"))
-    register_environment(GRID)
-    register_launcher(PLACER)
-    register_package(HAS_GRID)
-    register_strategy(_grid_ddp())
+        register(dataclasses.replace(RAY, placement=lambda **_: "x"))
+    register(GRID)
+    register(PLACER)
+    register(HAS_GRID)
+    register(_grid_ddp())
     result = plan(strategy="ilk_grid_ddp", devices=2, num_nodes=3, accelerator="cpu",
                   machine=Machine(packages=frozenset({"ilk_gridlib"})))
     assert (result.launcher, result.cluster_environment) == ("ilk_placer", "ilk_grid")
@@ -595,10 +555,10 @@ def test_a_placement_description_that_fails_does_not_fail_the_plan() -> None:
     def broken(**_: Any) -> str:
         raise KeyError("slots")
 
-    register_environment(GRID)
-    register_launcher(dataclasses.replace(PLACER, placement=broken))
-    register_package(HAS_GRID)
-    register_strategy(_grid_ddp())
+    register(GRID)
+    register(dataclasses.replace(PLACER, placement=broken))
+    register(HAS_GRID)
+    register(_grid_ddp())
     result = plan(strategy="ilk_grid_ddp", devices=2, accelerator="cpu",
                   machine=Machine(packages=frozenset({"ilk_gridlib"})))
     step = next(s for s in result.trace if s.rule == "launcher/own-environment")
@@ -607,12 +567,12 @@ def test_a_placement_description_that_fails_does_not_fail_the_plan() -> None:
 
 @pytest.mark.usefixtures("clean")
 def test_a_package_a_registered_row_requires_cannot_be_unregistered() -> None:
-    register_package(HAS_GRID)
-    register_strategy(_grid_ddp(launcher="subprocess"))
+    register(HAS_GRID)
+    register(_grid_ddp(launcher="subprocess"))
     with pytest.raises(RegistrationError, match="strategy 'ilk_grid_ddp' require it"):
-        unregister_package("ilk_gridlib")
+        unregister(PackageRow, "ilk_gridlib")
     with pytest.raises(RegistrationError, match="cannot unregister built-in"):
-        unregister_package("deepspeed")
-    registry.unregister_strategy("ilk_grid_ddp")
-    unregister_package("ilk_gridlib")
-    assert "ilk_gridlib" not in parts_registry.package_rows()
+        unregister(PackageRow, "deepspeed")
+    registry.unregister(StrategySpec, "ilk_grid_ddp")
+    unregister(PackageRow, "ilk_gridlib")
+    assert "ilk_gridlib" not in registry.registered(PackageRow)

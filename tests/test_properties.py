@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typeguard import suppress_type_checks
 
-from interlock import Machine, Plan, ResolutionError, plan, strategy_specs
+from interlock import Machine, Plan, ResolutionError, StrategySpec, plan, registered
 from interlock.connector.errors import ERROR_CODES, FLAGS
 from interlock.connector.limits import (
     MAX_DEVICES_PER_NODE,
@@ -59,7 +59,7 @@ machines = st.builds(
     packages=st.frozensets(st.sampled_from(OPTIONAL_PACKAGES)),
 )
 
-_names = st.sampled_from(sorted({"auto", *strategy_specs()}))
+_names = st.sampled_from(sorted({"auto", *registered(StrategySpec)}))
 _junk_text = st.text(max_size=12)
 
 # Values that fit plan()'s annotations (checked by typeguard as usual).

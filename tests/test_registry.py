@@ -33,20 +33,13 @@ COMPRESSED = StrategySpec(
 
 @pytest.fixture
 def clean_registry() -> Iterator[None]:
-    before = dict(registry._specs)
-    loaded = registry._entry_points_loaded
-    entry_points = registry._entry_points
-    yield
-    registry._specs.clear()
-    registry._specs.update(before)
-    registry._entry_points_loaded = loaded
-    registry._entry_points = entry_points
-    registry._version += 1
+    with registry.isolated():
+        yield
 
 
 @pytest.mark.usefixtures("clean_registry")
 def test_a_registered_strategy_takes_part_like_a_builtin() -> None:
-    interlock.register_strategy(COMPRESSED)
+    interlock.register(COMPRESSED)
     result = plan(strategy="ddp_compressed", devices=2, machine=CPU)
     assert (result.strategy, result.launcher) == ("ddp_compressed", "spawn")
     with pytest.raises(ResolutionError) as error:
@@ -59,22 +52,23 @@ def test_a_registered_strategy_takes_part_like_a_builtin() -> None:
     with pytest.raises(ResolutionError) as typo:
         plan(strategy="ddp_compresed", machine=CPU)
     assert typo.value.suggestion == "ddp_compressed"
-    assert "ddp_compressed" in interlock.strategy_specs()
+    assert "ddp_compressed" in interlock.registered(interlock.StrategySpec)
 
 
 @pytest.mark.usefixtures("clean_registry")
 def test_registering_the_same_spec_twice_is_harmless() -> None:
-    interlock.register_strategy(COMPRESSED)
-    interlock.register_strategy(COMPRESSED)
-    assert interlock.strategy_specs()["ddp_compressed"] is COMPRESSED
+    interlock.register(COMPRESSED)
+    interlock.register(COMPRESSED)
+    assert interlock.registered(interlock.StrategySpec)["ddp_compressed"] is COMPRESSED
 
 
 @pytest.mark.usefixtures("clean_registry")
 def test_name_clash_is_refused() -> None:
-    with pytest.raises(RegistrationError, match=r"already taken by interlock\.strategies\.ddp"):
-        interlock.register_strategy(dataclasses.replace(COMPRESSED, name="ddp"))
+    with pytest.raises(RegistrationError,
+                       match=r"already taken by a built-in strategy \(interlock\.strategies\.ddp"):
+        interlock.register(dataclasses.replace(COMPRESSED, name="ddp"))
     with pytest.raises(RegistrationError, match="withdrawn on purpose"):
-        interlock.register_strategy(dataclasses.replace(COMPRESSED, name="dp"))
+        interlock.register(dataclasses.replace(COMPRESSED, name="dp"))
 
 
 @pytest.mark.usefixtures("clean_registry")
@@ -90,7 +84,7 @@ def test_malformed_spec_lists_every_problem() -> None:
         requires=("apex",),
     )
     with pytest.raises(RegistrationError) as info:
-        interlock.register_strategy(bad)
+        interlock.register(bad)
     message = str(info.value)
     for fragment in ("'Bad Name'", "factory 'no-colon'", "description", "['tpu9']", "['fp8']",
                      "launcher 'mpirun'", "['apex']", "family 'x' is unknown"):
@@ -125,14 +119,14 @@ def test_parity_steps_survives_pickling() -> None:
 
 
 def test_the_registry_view_is_read_only() -> None:
-    view = interlock.strategy_specs()
+    view = interlock.registered(interlock.StrategySpec)
     with pytest.raises(TypeError):
         view["x"] = COMPRESSED  # type: ignore[index]
 
 
 def test_builtins_cannot_be_unregistered() -> None:
     with pytest.raises(RegistrationError):
-        interlock.unregister_strategy("ddp")
+        interlock.unregister(interlock.StrategySpec, "ddp")
 
 
 def _make_distribution(root: Path, module: str, body: str, entry: str) -> None:
@@ -165,7 +159,7 @@ RING = (
 def test_entry_point_strategies_are_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _make_distribution(tmp_path, *RING)
     monkeypatch.syspath_prepend(str(tmp_path))
-    registry._entry_points_loaded = False
+    registry.forget_entry_points()
     assert plan(strategy="ilk_ring", devices=2, machine=CPU).launcher == "fork"
     sys.modules.pop("ilk_thirdparty", None)
 
@@ -178,7 +172,7 @@ def _install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         _make_distribution(tmp_path, module, body, entry)
         monkeypatch.delitem(sys.modules, module, raising=False)
     monkeypatch.syspath_prepend(str(tmp_path))
-    registry._entry_points_loaded = False
+    registry.forget_entry_points()
 
 
 @pytest.mark.usefixtures("clean_registry")
@@ -188,7 +182,7 @@ def test_a_broken_entry_point_is_contained_and_loud(
     _install(tmp_path, monkeypatch, BROKEN, RING)
     with pytest.warns(RuntimeWarning, match=r"entry point 'broken' \(ilk_broken:specs\) of "
                       r"ilk_broken failed to load.*other strategies are not affected"):
-        specs = interlock.strategy_specs()
+        specs = interlock.registered(interlock.StrategySpec)
     # everything else still resolves: built-ins and the healthy plugin
     assert "ilk_ring" in specs
     assert plan(strategy="ddp", devices=2, machine=CPU).strategy == "ddp"
@@ -211,9 +205,9 @@ def test_a_broken_entry_point_is_contained_and_loud(
     assert unknown.value.code == "unknown-strategy"
     assert "entry point 'broken' (ilk_broken:specs) of ilk_broken failed to load" in str(
         unknown.value)
-    (broken,) = registry.broken_entry_points()
+    (broken,) = registry.broken_entry_points("strategies")
     assert (broken.name, broken.strategies) == ("broken", ("broken",))
-    statuses = {ep.name: ep for ep in registry.strategy_entry_points()}
+    statuses = {ep.name: ep for ep in registry.entry_points("strategies")}
     assert statuses["ring"].strategies == ("ilk_ring",) and not statuses["ring"].broken
 
 
@@ -236,7 +230,7 @@ def test_an_entry_point_with_one_bad_spec_registers_none_and_names_them_all(
     """
     _install(tmp_path, monkeypatch, ("ilk_half", body, "half = ilk_half:specs"))
     with pytest.warns(RuntimeWarning, match="family 'gossip' is unknown"):
-        specs = interlock.strategy_specs()
+        specs = interlock.registered(interlock.StrategySpec)
     assert "ilk_good" not in specs and "ilk_bad" not in specs
     for name in ("half", "ilk_good", "ilk_bad"):
         with pytest.raises(ResolutionError) as info:
@@ -259,8 +253,9 @@ def test_a_broken_plugin_does_not_shadow_a_registered_name(
     )
     """
     _install(tmp_path, monkeypatch, ("ilk_clash", body, "clash = ilk_clash:SPEC"))
-    with pytest.warns(RuntimeWarning, match="already taken by interlock.strategies.ddp"):
-        interlock.strategy_specs()
+    with pytest.warns(RuntimeWarning,
+                      match=r"already taken by a built-in strategy \(interlock\.strategies\.ddp"):
+        interlock.registered(interlock.StrategySpec)
     assert plan(strategy="ddp", devices=2, machine=CPU).spec.factory.startswith("interlock.")
     with pytest.raises(ResolutionError, match=r"\[broken-entry-point\] strategy='clash'"):
         plan(strategy="clash", machine=CPU)
@@ -294,12 +289,12 @@ def test_entry_point_values_a_spec_a_tuple_or_a_callable(
         "generator = ilk_forms:generator")))
     monkeypatch.delitem(sys.modules, "ilk_forms", raising=False)
     monkeypatch.syspath_prepend(str(tmp_path))
-    registry._entry_points_loaded = False
+    registry.forget_entry_points()
     with pytest.warns(RuntimeWarning,
                       match="expected a StrategySpec or StrategyPreset, got generator"):
-        specs = interlock.strategy_specs()
+        specs = interlock.registered(interlock.StrategySpec)
     assert {"ilk_one", "ilk_two", "ilk_three", "ilk_four"} <= set(specs)
-    assert [ep.name for ep in registry.broken_entry_points()] == ["generator"]
+    assert [ep.name for ep in registry.broken_entry_points("strategies")] == ["generator"]
 
 
 @pytest.mark.usefixtures("clean_registry")
@@ -324,7 +319,7 @@ def test_conformance_fails_a_broken_entry_point_only_when_asked_for(
 
     _install(tmp_path, monkeypatch, BROKEN, RING)
     with pytest.warns(RuntimeWarning):
-        interlock.strategy_specs()
+        interlock.registered(interlock.StrategySpec)
     assert broken_entry_points_asked(["single_device"]) == []
     assert [ep.name for ep in broken_entry_points_asked(["all"])] == ["broken"]
     assert [ep.name for ep in broken_entry_points_asked(["broken"])] == ["broken"]

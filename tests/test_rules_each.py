@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from interlock import Machine, ModelShape, ResolutionError, plan
+from interlock import Machine, ModelShape, ResolutionError, plan, register, unregister
 from interlock.connector.planner import STAGES, clear_cache
 from interlock.connector.rules import audited
 from machines import (
@@ -314,55 +314,52 @@ def test_every_rule_has_an_example() -> None:
     assert not stale, f"EXAMPLES names rules that no longer exist: {stale}"
 
 
-@pytest.fixture
-def broken_entry_point() -> Iterator[None]:
-    """An installed entry point named ``ilk_broken_example`` whose module is missing."""
-    from importlib.metadata import EntryPoint
+def _broken_entry_points(monkeypatch: pytest.MonkeyPatch,
+                         *entries: tuple[str, str]) -> Iterator[None]:
+    """The installed entry points and, in each ``(group, name)`` given, one more whose
+    module is missing; loaded afresh (with their warnings), then as they were."""
+    from importlib import metadata
 
     from interlock.connector import registry
 
-    ep = EntryPoint(name="ilk_broken_example", value="ilk_no_such_module:specs",
-                    group=registry.ENTRY_POINT_GROUP)
-    with pytest.warns(RuntimeWarning, match="ilk_no_such_module"):
-        status = registry._load_entry_point(ep)
-    before = registry.strategy_entry_points()
-    registry._entry_points = (*before, status)
-    registry._version += 1
-    yield
-    registry._entry_points = before
-    registry._version += 1
+    installed = metadata.EntryPoints((
+        *(ep for kind in registry.KINDS.values()
+          for ep in metadata.entry_points(group=kind.group)),
+        *(metadata.EntryPoint(name=name, value="ilk_no_such_module:ROWS", group=group)
+          for group, name in entries)))
+
+    def entry_points(**params: Any) -> metadata.EntryPoints:
+        return installed.select(**params) if params else installed
+
+    with registry.isolated():
+        monkeypatch.setattr(metadata, "entry_points", entry_points)
+        registry.forget_entry_points()
+        with pytest.warns(RuntimeWarning, match="ilk_no_such_module"):
+            registry.current_parts()
+        yield
 
 
 @pytest.fixture
-def broken_part_entry_points() -> Iterator[None]:
+def broken_entry_point(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """An installed entry point named ``ilk_broken_example`` whose module is missing."""
+    yield from _broken_entry_points(monkeypatch, ("interlock.strategies", "ilk_broken_example"))
+
+
+@pytest.fixture
+def broken_part_entry_points(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A broken ``interlock.precisions`` entry point standing for ``ilk-broken-fp4`` and
     a broken ``interlock.accelerators`` one standing for ``ilk_broken_npu``."""
-    from interlock.connector import parts_registry
-    from interlock.connector.registration import EntryPointStatus
-
-    parts_registry.current_parts()  # the real entry points are loaded first
-    saved = {kind: registry.entry_points for kind, registry in
-             parts_registry.REGISTRIES.items()}
-    for kind, name in (("precisions", "ilk-broken-fp4"), ("accelerators", "ilk_broken_npu")):
-        registry = parts_registry.REGISTRIES[kind]
-        registry.entry_points = (*registry.entry_points, EntryPointStatus(
-            name=name, value="ilk_no_such_module:ROWS", distribution=None, strategies=(name,),
-            error="ModuleNotFoundError: No module named 'ilk_no_such_module'",
-            group=registry.group))
-    parts_registry._version += 1
-    yield
-    for kind, entry_points in saved.items():
-        parts_registry.REGISTRIES[kind].entry_points = entry_points
-    parts_registry._version += 1
+    yield from _broken_entry_points(monkeypatch, ("interlock.precisions", "ilk-broken-fp4"),
+                                    ("interlock.accelerators", "ilk_broken_npu"))
 
 
 @pytest.fixture
 def pipeline_with_16_mixed() -> Iterator[None]:
     """A registered strategy that declares pipeline parallel and 16-mixed (no built-in
     row does: the engine refuses the pair for every row that would)."""
-    from interlock import StrategySpec, register_strategy, unregister_strategy
+    from interlock import StrategySpec
 
-    register_strategy(StrategySpec(
+    register(StrategySpec(
         name="ilk_pipeline_fp16",
         factory="interlock.strategies.model_parallel:ModelParallelStrategy",
         description="a pipeline that claims 16-mixed",
@@ -370,7 +367,7 @@ def pipeline_with_16_mixed() -> Iterator[None]:
         precisions=frozenset({"32-true", "16-mixed"}), launcher="subprocess",
         parallel_dims=frozenset({"pp", "dp_shard"})))
     yield
-    unregister_strategy("ilk_pipeline_fp16")
+    unregister(StrategySpec, "ilk_pipeline_fp16")
 
 
 @pytest.fixture
@@ -381,31 +378,25 @@ def grid_launcher() -> Iterator[None]:
         ClusterRow,
         LauncherRow,
         StrategySpec,
-        register_environment,
-        register_launcher,
-        register_strategy,
-        unregister_environment,
-        unregister_launcher,
-        unregister_strategy,
     )
 
-    register_environment(ClusterRow(
+    register(ClusterRow(
         name="ilk_grid", detect=None, detect_doc="never detected", external=False,
         description="a grid", factory="interlock.strategies.environments.local:LocalEnvironment"))
-    register_launcher(LauncherRow(
+    register(LauncherRow(
         name="ilk_grid", start_method=None, interactive=True, launches_single=True,
         description="places ranks on the grid", environment="ilk_grid",
         factory="interlock.strategies.launchers.external:ExternalLauncher",
         placement=lambda *, accelerator, devices_per_node, num_nodes:
             f"{devices_per_node * num_nodes} grid slots"))
-    register_strategy(StrategySpec(
+    register(StrategySpec(
         name="ilk_grid_ddp", factory="interlock.strategies.ddp:DDPStrategy",
         description="DDP on the grid", family="ddp", accelerators=frozenset({"cpu"}),
         precisions=frozenset({"32-true"}), launcher="ilk_grid"))
     yield
-    unregister_strategy("ilk_grid_ddp")
-    unregister_launcher("ilk_grid")
-    unregister_environment("ilk_grid")
+    unregister(StrategySpec, "ilk_grid_ddp")
+    unregister(LauncherRow, "ilk_grid")
+    unregister(ClusterRow, "ilk_grid")
 
 
 @pytest.fixture

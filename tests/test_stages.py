@@ -12,10 +12,9 @@ import pytest
 
 import interlock
 import machines
-from interlock import ResolutionError
-from interlock.connector.parts_registry import current_parts
+from interlock import ResolutionError, StrategySpec, registered
 from interlock.connector.planner import clear_cache
-from interlock.connector.registry import strategy_specs
+from interlock.connector.registry import current_parts
 from interlock.connector.rules import (
     Decision,
     DevicesRequest,
@@ -163,8 +162,8 @@ def test_an_action_that_writes_its_outputs_passes_the_audit() -> None:
 
 def test_stage_results_are_frozen_and_inputs_compare_by_what_rules_read() -> None:
     parts, machine = current_parts(), machines.EIGHT_GPUS
-    as_int = read_flag("devices", 2, specs=strategy_specs(), parts=parts)
-    as_text = read_flag("devices", " 2", specs=strategy_specs(), parts=parts)
+    as_int = read_flag("devices", 2, specs=registered(StrategySpec), parts=parts)
+    as_text = read_flag("devices", " 2", specs=registered(StrategySpec), parts=parts)
     assert as_int.devices == as_text.devices == DevicesRequest(kind="count", count=2)
     first = DevicesInput(machine=machine, parts=parts, accelerator="cuda",
                          devices=as_int.devices, num_nodes=1)
@@ -193,7 +192,7 @@ def test_a_refusal_carries_the_trace_of_every_stage_before_it() -> None:
 
 
 def test_the_flags_stage_reads_each_flag_alone_as_it_does_together() -> None:
-    specs, parts = strategy_specs(), current_parts()
+    specs, parts = registered(StrategySpec), current_parts()
     together = read_flags(Written(accelerator="GPU", devices="0,1", strategy="DDP",
                                   precision="bf16", num_nodes=2),
                           specs=specs, parts=parts)

@@ -116,8 +116,7 @@ def snapshot() -> str:
     """The public API as sorted, diff-friendly lines."""
     import interlock
     from interlock.conformance.report import REPORT_SCHEMA, Record
-    from interlock.connector.parts_registry import ENTRY_POINT_GROUPS
-    from interlock.connector.registration import STRATEGY_GROUP
+    from interlock.connector.registry import KINDS
 
     lines = ["# the public API of interlock (tools/api_snapshot.py); see docs/api-policy.md",
              "", "## interlock"]
@@ -127,7 +126,7 @@ def snapshot() -> str:
     for path in CLASSES:
         lines += _describe(path.replace(":", "."), _load(path))
     lines += ["", "## entry-point groups"]
-    groups = sorted({*ENTRY_POINT_GROUPS.values(), STRATEGY_GROUP})
+    groups = sorted(kind.group for kind in KINDS.values())
     lines += [f"group {g}" for g in groups] + ["group pytest11: interlock"]
     lines += ["", "## conformance report", f"schema {REPORT_SCHEMA}"]
     lines += [f"record field {f.name}: {f.type}" for f in dataclasses.fields(Record)]

@@ -1,5 +1,7 @@
 """interlock: training flags in, a validated distributed setup (or one clear error) out."""
 
+from typing import TYPE_CHECKING
+
 from interlock.checkpoints import Checkpoint, CheckpointManager
 from interlock.connector import (
     ERROR_CODES,
@@ -22,37 +24,22 @@ from interlock.connector import (
     StrategyPreset,
     StrategySpec,
     TraceStep,
-    accelerator_rows,
-    checkpoint_io_rows,
-    environment_rows,
-    launcher_rows,
-    optimizer_rows,
-    package_rows,
     plan,
-    precision_rows,
-    register_accelerator,
-    register_checkpoint_io,
-    register_environment,
-    register_launcher,
-    register_optimizer,
-    register_package,
-    register_precision,
-    register_strategy,
-    strategy_specs,
-    unregister_accelerator,
-    unregister_checkpoint_io,
-    unregister_environment,
-    unregister_launcher,
-    unregister_optimizer,
-    unregister_package,
-    unregister_precision,
-    unregister_strategy,
+    register,
+    registered,
+    unregister,
 )
+from interlock.connector.retired_verbs import retired
 from interlock.deprecation import InterlockDeprecationWarning
 from interlock.resolving import resolve
 from interlock.seeding import seed_everything
 from interlock.shapes import model_shape
 from interlock.strategies.rank_zero import rank_zero_logger
+
+#: the registry's verbs before 0.2.0 (``register_precision``, ``strategy_specs``, ...):
+#: they still work for one release, and warn with the verb that replaces each
+if not TYPE_CHECKING:  # type checkers keep refusing names the package does not have
+    __getattr__ = retired(__name__)
 
 #: The package version, ``major.minor.patch``.
 __version__ = "0.1.0"
@@ -82,33 +69,12 @@ __all__ = [
     "StrategySpec",
     "TraceStep",
     "__version__",
-    "accelerator_rows",
-    "checkpoint_io_rows",
-    "environment_rows",
-    "launcher_rows",
     "model_shape",
-    "optimizer_rows",
-    "package_rows",
     "plan",
-    "precision_rows",
     "rank_zero_logger",
-    "register_accelerator",
-    "register_checkpoint_io",
-    "register_environment",
-    "register_launcher",
-    "register_optimizer",
-    "register_package",
-    "register_precision",
-    "register_strategy",
+    "register",
+    "registered",
     "resolve",
     "seed_everything",
-    "strategy_specs",
-    "unregister_accelerator",
-    "unregister_checkpoint_io",
-    "unregister_environment",
-    "unregister_launcher",
-    "unregister_optimizer",
-    "unregister_package",
-    "unregister_precision",
-    "unregister_strategy",
+    "unregister",
 ]

@@ -15,10 +15,10 @@ from interlock.connector.limits import MAX_DEVICES_PER_NODE, short_repr
 from interlock.connector.machine import OPTIONAL_PACKAGES, START_METHODS, Machine
 from interlock.connector.memory import parse_bytes
 from interlock.connector.model import ModelShape
-from interlock.connector.parts_registry import package_rows
 from interlock.connector.planner import plan
-from interlock.connector.registry import RegistrationError
-from interlock.connector.tables import ACCELERATORS
+from interlock.connector.registration import RegistrationError
+from interlock.connector.registry import registered
+from interlock.connector.tables import ACCELERATORS, PackageRow
 
 SIMULATE_HELP = (
     "simulate a machine instead of probing this one: comma-separated tokens "
@@ -73,12 +73,12 @@ def parse_simulate(text: str) -> Machine:
             else:
                 xla = int(digits)
                 packages.add("torch_xla")
-        elif key == "pkg" and value in package_rows():
+        elif key == "pkg" and value in registered(PackageRow):
             packages.add(value)
         elif key == "pkg":
             raise UsageError(
                 f"--simulate pkg={value!r} is not an optional package interlock consults; "
-                f"known: {', '.join(package_rows())}"
+                f"known: {', '.join(registered(PackageRow))}"
             )
         elif token == "mps":
             mps = True

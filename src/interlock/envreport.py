@@ -18,8 +18,9 @@ from collections.abc import Mapping
 
 from interlock.connector.errors import ResolutionError
 from interlock.connector.machine import Machine
-from interlock.connector.parts_registry import current_parts
 from interlock.connector.planner import plan
+from interlock.connector.registry import current_parts
+from interlock.connector.tables import PackageRow
 
 #: Prefixes of the variables launchers, schedulers and communication libraries set,
 #: beyond the ones the engine reads (every cluster environment row's variables).
@@ -74,9 +75,9 @@ def package_versions() -> dict[str, str]:
     """Each optional package's installed version, or ``not installed``."""
     found: dict[str, str] = {}
     # imported here: the registries load plugins' entry points
-    from interlock.connector.parts_registry import package_rows
+    from interlock.connector.registry import registered
 
-    for name in package_rows():
+    for name in registered(PackageRow):
         try:
             found[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:

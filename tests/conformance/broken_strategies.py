@@ -16,8 +16,8 @@ from torch import nn
 from torch.optim import Optimizer
 
 import interlock
+from interlock import StrategySpec, registered
 from interlock.connector.builtin import BUILTIN_STRATEGIES
-from interlock.connector.registry import strategy_specs
 from interlock.strategies.ddp import DDPStrategy
 from interlock.strategies.fsdp import FSDPStrategy
 from interlock.strategies.model_parallel import ModelParallelStrategy
@@ -244,9 +244,9 @@ ELASTIC = frozenset({"broken_loses_optimizer_state_on_load", "broken_forgets_ran
 def _register() -> None:
     template = next(s for s in BUILTIN_STRATEGIES if s.name == "ddp_fork")
     for name, (cls, start_method) in BROKEN.items():
-        if name in strategy_specs():
+        if name in registered(StrategySpec):
             continue
-        interlock.register_strategy(interlock.StrategySpec(
+        interlock.register(interlock.StrategySpec(
             name=name, factory=f"{__name__}:{cls.__name__}",
             description=f"deliberately broken: {cls.__doc__}", family="ddp",
             accelerators=frozenset({"cpu"}), precisions=frozenset({"32-true", "bf16-mixed"}),
@@ -307,10 +307,10 @@ _PIPELINED = frozenset({"broken_clips_one_stage", "broken_rescales_accumulated"}
 def _register_mesh() -> None:
     template = next(s for s in BUILTIN_STRATEGIES if s.name == "model_parallel")
     for name, cls in BROKEN_MESH.items():
-        if name in strategy_specs():
+        if name in registered(StrategySpec):
             continue
         pipelined = name in _PIPELINED
-        interlock.register_strategy(interlock.StrategySpec(
+        interlock.register(interlock.StrategySpec(
             name=name, factory=f"{__name__}:{cls.__name__}",
             description=f"deliberately broken: {cls.__doc__}", family="model_parallel",
             accelerators=frozenset({"cpu"}), precisions=frozenset({"32-true"}),
@@ -346,9 +346,9 @@ class ClipsLocalShards(FSDPStrategy):
 
 def _register_fsdp() -> None:
     template = next(s for s in BUILTIN_STRATEGIES if s.name == "fsdp")
-    if "broken_clips_local_shards" in strategy_specs():
+    if "broken_clips_local_shards" in registered(StrategySpec):
         return
-    interlock.register_strategy(interlock.StrategySpec(
+    interlock.register(interlock.StrategySpec(
         name="broken_clips_local_shards", factory=f"{__name__}:ClipsLocalShards",
         description=f"deliberately broken: {ClipsLocalShards.__doc__}", family="fsdp",
         accelerators=frozenset({"cpu"}), precisions=frozenset({"32-true"}),
@@ -365,9 +365,9 @@ class ClaimsSharding(DDPStrategy):
 
 
 def _register_memory() -> None:
-    if "broken_claims_sharding" in strategy_specs():
+    if "broken_claims_sharding" in registered(StrategySpec):
         return
-    interlock.register_strategy(interlock.StrategySpec(
+    interlock.register(interlock.StrategySpec(
         name="broken_claims_sharding", factory=f"{__name__}:ClaimsSharding",
         description=f"deliberately broken: {ClaimsSharding.__doc__}", family="ddp",
         accelerators=frozenset({"cpu"}), precisions=frozenset({"32-true", "bf16-mixed"}),

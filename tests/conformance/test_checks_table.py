@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from interlock import StrategySpec, registered
 from interlock.conformance import (
     checks,
     declaration,
@@ -40,7 +41,6 @@ from interlock.conformance.table import (
 )
 from interlock.connector import registry
 from interlock.connector.parallelism import DIMS
-from interlock.connector.registry import strategy_specs
 from interlock.connector.tables import ACCELERATORS, PRECISION_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -212,7 +212,7 @@ def test_a_misdeclared_row_is_refused() -> None:
 
 
 def test_the_cases_list_every_check() -> None:
-    spec = strategy_specs()["ddp"]
+    spec = registered(StrategySpec)["ddp"]
     listed = {case.check for case in cases_for(spec, "cpu", [1, 2])}
     assert listed == {check.id for check in CHECKS}
 
@@ -260,8 +260,10 @@ def test_the_ranks_run_every_rank_check_in_table_order(
     calls: list[str] = []
     monkeypatch.setattr(driver, "CHECKS", _recording(calls))
     # ddp as if it declared no capability: the gated checks are skipped
-    spec = dataclasses.replace(strategy_specs()["ddp"], capabilities=frozenset())
-    monkeypatch.setattr(registry, "strategy_specs", lambda: {"ddp": spec})
+    spec = dataclasses.replace(registered(StrategySpec)["ddp"], capabilities=frozenset())
+    real = registry.registered
+    monkeypatch.setattr(registry, "registered", lambda row_type: (
+        {"ddp": spec} if row_type is StrategySpec else real(row_type)))
     strategy = _Strategy()
     precisions = ["32-true", "16-mixed"]
     args = argparse.Namespace(strategy="ddp", accelerator="cpu", world_size=2)
@@ -309,7 +311,7 @@ def test_the_driver_runs_every_launch_check_and_each_driver_half(tmp_path: Path,
                                                                ) -> None:
     calls: list[str] = []
     monkeypatch.setattr(driver, "CHECKS", _recording(calls))
-    spec = strategy_specs()["model_parallel"]  # declares every capability and dimension
+    spec = registered(StrategySpec)["model_parallel"]  # declares every capability and dimension
     assert {c.capability for c in CHECKS if c.capability} <= spec.capabilities | {
         "engine_gradients", "parameter_offload"}
     ctx = launch_checks.LaunchContext(
@@ -340,7 +342,7 @@ def test_a_driver_half_that_fails_fails_its_check_only(tmp_path: Path,
                  for c in CHECKS)
     monkeypatch.setattr(driver, "CHECKS", rows)
     ctx = launch_checks.LaunchContext(
-        strategy=_Strategy(), spec=strategy_specs()["ddp"], world_size=2, workdir=tmp_path,
+        strategy=_Strategy(), spec=registered(StrategySpec)["ddp"], world_size=2, workdir=tmp_path,
         resolve=lambda precision, devices: None,
         resolve_layout=lambda precision, devices, layout: None, environ_before={},
         passed=reference.model(), passed_before={})

@@ -14,23 +14,23 @@ import pytest
 from torch import nn
 
 import interlock
+from interlock import StrategySpec, registered
 from interlock.conformance import mesh_checks
 from interlock.conformance.checks import CheckFailed
 from interlock.conformance.driver import _prepare
 from interlock.conformance.launch_checks import LaunchContext
-from interlock.connector.registry import strategy_specs
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _broken_strategies() -> Iterator[None]:
     """The broken strategies registered for this module's tests only: every other test
     in this process sees the registry without them."""
-    before = set(strategy_specs())
+    before = set(registered(StrategySpec))
     module = importlib.import_module("broken_strategies")
     module._register_mesh()  # again, should an earlier test have unregistered them
     yield
-    for name in set(strategy_specs()) - before:
-        interlock.unregister_strategy(name)
+    for name in set(registered(StrategySpec)) - before:
+        interlock.unregister(interlock.StrategySpec, name)
 
 
 def _context(name: str, workdir: Path) -> LaunchContext:
@@ -39,7 +39,7 @@ def _context(name: str, workdir: Path) -> LaunchContext:
                                           precision=precision, parallelism=layout))
 
     return LaunchContext(
-        strategy=None, spec=strategy_specs()[name], world_size=2, workdir=workdir,
+        strategy=None, spec=registered(StrategySpec)[name], world_size=2, workdir=workdir,
         resolve=lambda precision, devices: resolve_layout(precision, devices, None),
         resolve_layout=resolve_layout, environ_before={}, passed=nn.Linear(1, 1),
         passed_before={})

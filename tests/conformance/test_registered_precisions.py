@@ -11,13 +11,12 @@ import pytest
 import torch
 
 import interlock
-from interlock import PrecisionRow
+from interlock import PrecisionRow, StrategySpec, registered
 from interlock.conformance import reference
 from interlock.conformance.cases import cases_for, precisions_for
 from interlock.conformance.checks import CheckFailed
 from interlock.conformance.declaration import check_declaration
 from interlock.conformance.options import validate
-from interlock.connector.registry import strategy_specs
 
 
 def _row(name: str, param: str, compute: str, scaler: bool = False) -> PrecisionRow:
@@ -38,20 +37,20 @@ def register() -> Iterator[Register]:
     rows: list[PrecisionRow] = []
 
     def add(row: PrecisionRow) -> None:
-        interlock.register_precision(row)
+        interlock.register(row)
         rows.append(row)
 
     try:
         yield add
     finally:
         for row in rows:
-            interlock.unregister_precision(row.name)
+            interlock.unregister(interlock.PrecisionRow, row.name)
 
 
 def test_a_registered_precision_is_scheduled_for_the_strategies_its_row_names(
         register: Register) -> None:
     register(_row("32-probe", "float32", "float32"))
-    specs = strategy_specs()
+    specs = registered(StrategySpec)
     assert "32-probe" in precisions_for(specs["ddp_fork"], "cpu")
     listed = {c.precision for c in cases_for(specs["ddp_fork"], "cpu", [1]) if c.skip is None}
     assert "32-probe" in listed, f"ddp_fork's cases cover {sorted(listed)}"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from interlock import StrategySpec, registered
 from interlock.conformance.cases import cases_for, resolve_strategies
-from interlock.connector.registry import strategy_specs
 
 CHEAP = ["--strategy", "single_device", "--world-sizes", "1", "--precisions", "32-true"]
 
@@ -66,15 +66,15 @@ def test_an_unknown_strategy_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_cases_say_why_they_do_not_apply() -> None:
-    single = strategy_specs()["single_device"]
+    single = registered(StrategySpec)["single_device"]
     cases = cases_for(single, "cpu", [1, 2])
     w2 = {c.skip for c in cases if c.world_size == 2}
     assert w2 == {"single_device runs on 1 device(s) at most"}
     assert all(c.skip is None for c in cases if c.world_size == 1)
-    xla = cases_for(strategy_specs()["xla"], "cpu", [2])
+    xla = cases_for(registered(StrategySpec)["xla"], "cpu", [2])
     assert {c.skip for c in xla if c.world_size == 2} == {
         "xla runs on xla, not on the cpu runner's cpu"}
-    ids = [c.id for c in cases_for(strategy_specs()["ddp"], "cpu", [2])]
+    ids = [c.id for c in cases_for(registered(StrategySpec)["ddp"], "cpu", [2])]
     assert "ddp-cpu-any-*-declaration" in ids and "ddp-cpu-w2-16-mixed-scaler_skip" in ids
     assert "ddp-cpu-w2-*-relaunch" in ids
     names = [s.name for s in resolve_strategies(["all"])]

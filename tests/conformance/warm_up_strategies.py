@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import interlock
-from interlock.connector.registry import strategy_specs
+from interlock import StrategySpec, registered
 from interlock.strategies.ddp import DDPStrategy
 
 #: synchronised steps averaged exactly before the strategy starts to deviate: the
@@ -52,9 +52,9 @@ def _warm_up_hook(state, bucket):  # type: ignore[no-untyped-def]
 
 def _register() -> None:
     for name, steps in (("warm_up_undeclared", None), ("warm_up_declared", DECLARED_STEPS)):
-        if name in strategy_specs():
+        if name in registered(StrategySpec):
             continue
-        interlock.register_strategy(interlock.StrategySpec(
+        interlock.register(interlock.StrategySpec(
             name=name, factory=f"{__name__}:DeviatesAfterWarmUp",
             description=f"deviates after {WARM_UP} steps; parity_steps={steps}",
             family="ddp", accelerators=frozenset({"cpu"}),

@@ -60,7 +60,7 @@ def test_training_matches_one_plain_process(layout: str) -> None:
 
 def _declared(layout: str) -> list[str]:
     """The precisions the layout's strategy row declares on the CPU, 32-true first."""
-    spec = interlock.strategy_specs()[LAYOUTS[layout][0]]
+    spec = interlock.registered(interlock.StrategySpec)[LAYOUTS[layout][0]]
     return sorted(spec.precisions_on("cpu"), key=lambda p: (p != "32-true", p))
 
 

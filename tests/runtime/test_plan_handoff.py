@@ -115,13 +115,13 @@ def test_the_launcher_follows_the_plan_not_the_start_method() -> None:
         precisions=frozenset({"32-true"}), launcher="fork",
         options={"start_method": "spawn"},
     )
-    interlock.register_strategy(spec)
+    interlock.register(spec)
     try:
         strategy = interlock.resolve(strategy=spec.name, devices=2, machine=CPU)
         assert isinstance(strategy, DDPStrategy) and strategy.launcher is not None
         assert strategy.launcher.name == "fork"
     finally:
-        interlock.unregister_strategy(spec.name)
+        interlock.unregister(interlock.StrategySpec, spec.name)
 
 
 def test_an_external_plan_gives_the_external_launcher_whatever_the_class_uses() -> None:

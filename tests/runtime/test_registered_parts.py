@@ -39,13 +39,13 @@ GRID = ClusterRow(
 
 @pytest.fixture
 def registered() -> Iterator[None]:
-    interlock.register_precision(COUNTING)
-    interlock.register_environment(GRID)
+    interlock.register(COUNTING)
+    interlock.register(GRID)
     try:
         yield
     finally:
-        interlock.unregister_precision(COUNTING.name)
-        interlock.unregister_environment(GRID.name)
+        interlock.unregister(interlock.PrecisionRow, COUNTING.name)
+        interlock.unregister(interlock.ClusterRow, GRID.name)
 
 
 def test_a_registered_precision_is_built_from_its_factory_and_trains(registered: None) -> None:
@@ -83,7 +83,7 @@ GRAD_SUM = PrecisionRow(
 @pytest.mark.parametrize("kind", ["full", "sharded"])
 def test_fsdp_wraps_a_registered_precision_and_its_state_survives_a_checkpoint(
         kind: str, tmp_path: Path) -> None:
-    interlock.register_precision(GRAD_SUM)
+    interlock.register(GRAD_SUM)
     try:
         def fsdp() -> FSDPStrategy:
             built = interlock.resolve(strategy=FSDPStrategy(state_dict_type=kind),
@@ -106,7 +106,7 @@ def test_fsdp_wraps_a_registered_precision_and_its_state_survives_a_checkpoint(
             close(state, saved["optimizer"], f"a {kind} checkpoint's optimizer state as "
                   f"rank {rank} loaded it, the precision's keys included")
     finally:
-        interlock.unregister_precision(GRAD_SUM.name)
+        interlock.unregister(interlock.PrecisionRow, GRAD_SUM.name)
 
 
 def _load_on_every_rank(strategy: FSDPStrategy, path: str) -> list[object]:
@@ -136,8 +136,8 @@ def test_a_registered_environment_is_detected_and_built_from_its_factory(
 
 
 def test_unregistering_takes_the_part_out_of_plan_again() -> None:
-    interlock.register_precision(COUNTING)
-    interlock.unregister_precision(COUNTING.name)
+    interlock.register(COUNTING)
+    interlock.unregister(interlock.PrecisionRow, COUNTING.name)
     with pytest.raises(interlock.ResolutionError) as info:
         interlock.plan(accelerator="cpu", precision="32-counting", machine=Machine())
     assert info.value.code == "unknown-precision"
@@ -152,15 +152,15 @@ def test_a_registered_checkpoint_io_is_built_from_its_row() -> None:
                           description="torch's format under another name")
     broken = CheckpointIORow(name="probe_broken", factory="third_party_parts:NotACheckpointIO",
                              description="makes something else")
-    interlock.register_checkpoint_io(row)
-    interlock.register_checkpoint_io(broken)
+    interlock.register(row)
+    interlock.register(broken)
     try:
         assert type(checkpoint_io_for("probe_tagged")) is TaggedCheckpointIO
         with pytest.raises(TypeError, match="made a NotACheckpointIO, not an interlock "
                            "CheckpointIO"):
             checkpoint_io_for("probe_broken")
     finally:
-        interlock.unregister_checkpoint_io(row.name)
-        interlock.unregister_checkpoint_io(broken.name)
+        interlock.unregister(interlock.CheckpointIORow, row.name)
+        interlock.unregister(interlock.CheckpointIORow, broken.name)
     with pytest.raises(ValueError, match="unknown checkpoint IO 'probe_tagged'"):
         checkpoint_io_for("probe_tagged")

@@ -30,8 +30,8 @@ def test_every_accelerator_row_builds_an_accelerator_of_its_name() -> None:
         assert accelerator_for(name).name == name
 
 
-@pytest.mark.parametrize("name", sorted(n for n, s in interlock.strategy_specs().items()
-                                        if s.family == "ddp"))
+@pytest.mark.parametrize("name", sorted(
+    n for n, s in interlock.registered(interlock.StrategySpec).items() if s.family == "ddp"))
 def test_every_ddp_name_builds_with_the_planned_launcher(name: str) -> None:
     strategy = interlock.resolve(accelerator="cpu", devices=2, strategy=name, machine=CPU)
     assert isinstance(strategy, DDPStrategy)
@@ -140,14 +140,14 @@ def test_a_missing_implementation_is_named_with_the_strategy() -> None:
         description="probe", family="ddp", accelerators=frozenset({"cpu"}),
         precisions=frozenset({"32-true"}), launcher="fork",
     )
-    interlock.register_strategy(spec)
+    interlock.register(spec)
     try:
         p = interlock.plan(accelerator="cpu", devices=2, strategy=spec.name, machine=CPU)
         with pytest.raises(ImportError, match="strategy 'ddp_missing_module_probe' is "
                            "implemented by"):
             p.build()
     finally:
-        registry.unregister_strategy(spec.name)
+        registry.unregister(StrategySpec, spec.name)
 
 
 def test_a_third_party_strategy_builds_through_its_factory() -> None:
@@ -157,12 +157,12 @@ def test_a_third_party_strategy_builds_through_its_factory() -> None:
         precisions=frozenset({"32-true"}), launcher="fork",
         options={"start_method": "fork"},
     )
-    interlock.register_strategy(spec)
+    interlock.register(spec)
     try:
         strategy = interlock.resolve(strategy="ddp_thirdparty_probe", devices=2, machine=CPU)
         assert isinstance(strategy, DDPStrategy) and strategy.start_method == "fork"
     finally:
-        registry.unregister_strategy("ddp_thirdparty_probe")
+        registry.unregister(StrategySpec, "ddp_thirdparty_probe")
 
 
 def test_ddp_names_cover_the_launch_styles() -> None:

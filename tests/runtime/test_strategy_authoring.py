@@ -29,7 +29,7 @@ def registered() -> Iterator[list[StrategySpec]]:
     added: list[StrategySpec] = []
     yield added
     for spec in added:
-        registry.unregister_strategy(spec.name)
+        registry.unregister(StrategySpec, spec.name)
 
 
 def _spec(name: str, factory: str, options: Mapping[str, object]) -> StrategySpec:
@@ -41,7 +41,7 @@ def _spec(name: str, factory: str, options: Mapping[str, object]) -> StrategySpe
 
 
 def _refusal(registered: list[StrategySpec], spec: StrategySpec) -> ResolutionError:
-    interlock.register_strategy(spec)
+    interlock.register(spec)
     registered.append(spec)
     planned = interlock.plan(strategy=spec.name, devices=2, machine=CPU)  # plan() accepts
     with pytest.raises(ResolutionError) as info:
@@ -91,7 +91,7 @@ def test_accepted_ddp_options_reach_distributed_data_parallel(
 ) -> None:
     spec = _spec("ddp_kwargs_ok_probe", "interlock.strategies.ddp:DDPStrategy",
                  {"start_method": "fork", "bucket_cap_mb": 5, "broadcast_buffers": False})
-    interlock.register_strategy(spec)
+    interlock.register(spec)
     registered.append(spec)
     strategy = interlock.resolve(strategy=spec.name, devices=2, machine=CPU)
     assert isinstance(strategy, DDPStrategy)
@@ -112,7 +112,7 @@ def test_a_subclass_passing_kwargs_on_takes_the_options_of_its_parents(
 ) -> None:
     spec = _spec("kwargs_subclass_probe", f"{__name__}:KwargsDDP",
                  {"start_method": "fork", "note": "mine", "bucket_cap_mb": 5})
-    interlock.register_strategy(spec)
+    interlock.register(spec)
     registered.append(spec)
     strategy = interlock.resolve(strategy=spec.name, devices=2, machine=CPU)
     assert isinstance(strategy, KwargsDDP)
@@ -141,7 +141,7 @@ def _plain_factory(plan: Any) -> Any:  # a function factory reads options itself
 
 def test_a_function_factory_reads_its_options_itself(registered: list[StrategySpec]) -> None:
     spec = _spec("function_factory_probe", f"{__name__}:_plain_factory", {"anything": 1})
-    interlock.register_strategy(spec)
+    interlock.register(spec)
     registered.append(spec)
     assert isinstance(interlock.resolve(strategy=spec.name, devices=2, machine=CPU),
                       DDPStrategy)

@@ -22,14 +22,14 @@ LR = 1e-3
 def registered() -> Iterator[None]:
     """The row, registered by hand when the package is on the path but not installed
     (installed, its entry point has registered it already)."""
-    added = PRECISION.name not in interlock.precision_rows()
+    added = PRECISION.name not in interlock.registered(interlock.PrecisionRow)
     if added:
-        interlock.register_precision(PRECISION)
+        interlock.register(PRECISION)
     try:
         yield
     finally:
         if added:
-            interlock.unregister_precision(PRECISION.name)
+            interlock.unregister(interlock.PrecisionRow, PRECISION.name)
 
 
 def _data(step: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -54,7 +54,7 @@ def test_the_rows_and_planning_import_neither_torch_nor_ray() -> None:
 
 @pytest.mark.parametrize("name", sorted(FOLLOWS))
 def test_each_preset_is_the_builtin_strategy_under_the_ray_launcher(name: str) -> None:
-    specs = interlock.strategy_specs()
+    specs = interlock.registered(interlock.StrategySpec)
     ours, theirs = specs[name], specs[FOLLOWS[name]]
     for field in dataclasses.fields(ours):
         if field.name not in OWN_FIELDS:
@@ -69,7 +69,8 @@ def test_each_preset_is_the_builtin_strategy_under_the_ray_launcher(name: str) -
 
 
 def test_the_ray_launcher_takes_the_strategies_its_row_names_and_no_other() -> None:
-    assert interlock.launcher_rows()["ray"].strategies == frozenset(FOLLOWS.values())
+    row = interlock.registered(interlock.LauncherRow)["ray"]
+    assert row.strategies == frozenset(FOLLOWS.values())
     with pytest.raises(ResolutionError) as caught:
         interlock.plan(strategy="deepspeed", launcher="ray", accelerator="cpu", devices=2,
                        machine=Machine(packages=frozenset({"ray", "deepspeed"})))
@@ -78,9 +79,10 @@ def test_the_ray_launcher_takes_the_strategies_its_row_names_and_no_other() -> N
 
 
 def test_the_parts_are_registered_through_entry_points_only() -> None:
-    assert interlock.package_rows()["ray"].install.startswith("pip install")
-    assert interlock.environment_rows()["ray"].factory == "interlock_ray.environment:RayEnvironment"
-    row = interlock.launcher_rows()["ray"]
+    assert interlock.registered(interlock.PackageRow)["ray"].install.startswith("pip install")
+    environment = interlock.registered(interlock.ClusterRow)["ray"]
+    assert environment.factory == "interlock_ray.environment:RayEnvironment"
+    row = interlock.registered(interlock.LauncherRow)["ray"]
     assert (row.environment, row.restarts, row.interactive) == ("ray", True, True)
 
 

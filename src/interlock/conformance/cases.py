@@ -17,11 +17,12 @@ from interlock.conformance.options import SuiteOptions
 from interlock.conformance.report import Declaration
 from interlock.conformance.runners import RUNNERS, available_runners, runner_devices
 from interlock.conformance.table import CHECKS, CHECKS_BY_ID, InPytest
-from interlock.connector.parts_registry import current_parts, install_hint
+from interlock.connector.registration import EntryPointStatus
 from interlock.connector.registry import (
-    EntryPointStatus,
     broken_entry_points,
-    strategy_specs,
+    current_parts,
+    install_hint,
+    registered,
 )
 from interlock.connector.specs import StrategySpec
 
@@ -64,8 +65,8 @@ def resolve_strategies(names: Iterable[str]) -> list[StrategySpec]:
     Raises:
         ValueError: naming an unknown strategy and the known ones.
     """
-    specs = strategy_specs()
-    broken = {n for ep in broken_entry_points() for n in ep.strategies}
+    specs = registered(StrategySpec)
+    broken = {n for ep in broken_entry_points("strategies") for n in ep.strategies}
     chosen: list[StrategySpec] = []
     for name in names:
         if name == "all":
@@ -81,9 +82,9 @@ def broken_entry_points_asked(names: Iterable[str]) -> list[EntryPointStatus]:
     """The broken entry points the names ask for: every one for ``all``, else those
     that stand for a name asked for (and not registered by someone else). Each is a
     failed ``declaration`` case named after the entry point."""
-    specs = strategy_specs()
+    specs = registered(StrategySpec)
     wanted = set(names)
-    return [ep for ep in broken_entry_points()
+    return [ep for ep in broken_entry_points("strategies")
             if "all" in wanted or any(n in wanted and n not in specs for n in ep.strategies)]
 
 

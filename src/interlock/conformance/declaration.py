@@ -10,9 +10,8 @@ from interlock.conformance.reference import NoReference, recipe
 from interlock.conformance.runners import RUNNERS
 from interlock.connector.errors import ResolutionError
 from interlock.connector.machine import Machine
-from interlock.connector.parts_registry import current_parts
 from interlock.connector.planner import plan
-from interlock.connector.registry import broken_entry_points, strategy_specs
+from interlock.connector.registry import broken_entry_points, current_parts, registered
 from interlock.connector.spec_problems import spec_problems
 from interlock.connector.specs import StrategySpec
 from interlock.strategies.build import check_options, load_factory
@@ -112,9 +111,9 @@ def _typed(strategy: Any) -> list[str]:
 
 def check_declaration(name: str, runner: str) -> None:
     """Raises CheckFailed listing every problem found."""
-    specs = strategy_specs()
+    specs = registered(StrategySpec)
     if name not in specs:
-        broken = [ep for ep in broken_entry_points() if name in ep.strategies]
+        broken = [ep for ep in broken_entry_points("strategies") if name in ep.strategies]
         if broken:
             raise CheckFailed("; ".join(f"the {ep.describe()} failed to load, so none of "
                                         f"its strategies can run: {ep.error}"

@@ -40,6 +40,7 @@ from interlock.conformance.checks import (
 )
 from interlock.conformance.launch_checks import LaunchContext
 from interlock.conformance.table import CHECKS, Check, InDriver, InRanks, skip_reason
+from interlock.connector.specs import StrategySpec
 from interlock.strategies.launchers import history as launch_history
 
 #: the process-group timeout of the main launch: a check that deadlocks the ranks
@@ -128,9 +129,9 @@ def run_rank_checks(strategy: Any, args: argparse.Namespace, precisions: list[st
     precision in table order, for every precision, then the checks that end the
     strategy; results appended to this rank's file. Returns this rank's global rank
     (what the launch_result check expects launch to hand back from rank 0)."""
-    from interlock.connector.registry import strategy_specs
+    from interlock.connector.registry import registered
 
-    spec = strategy_specs()[args.strategy]
+    spec = registered(StrategySpec)[args.strategy]
     rank = strategy.global_rank
     out = Path(workdir, f"rank-{rank}.jsonl")
     plan_for = _plan_for(args, args.world_size)
@@ -326,12 +327,12 @@ def run_driver_checks(ctx: LaunchContext,
 
 
 def drive(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from interlock.connector.registry import strategy_specs
+    from interlock.connector.registry import registered
 
     precisions = args.precisions.split(",")
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    spec = strategy_specs()[args.strategy]
+    spec = registered(StrategySpec)[args.strategy]
     os.environ.setdefault(DRIVER_ENV, str(os.getpid()))
     os.environ.setdefault(STARTED_ENV, f"{time.time():.3f}")
     environ_before = dict(os.environ)

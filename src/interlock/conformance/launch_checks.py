@@ -31,7 +31,8 @@ from interlock.conformance.checks import (
     CheckSkipped,
     full,
 )
-from interlock.connector.parts_registry import launcher_rows
+from interlock.connector.registry import registered
+from interlock.connector.tables import LauncherRow
 from interlock.strategies.sharding import in_shared_memory
 
 if TYPE_CHECKING:
@@ -308,7 +309,7 @@ def _fault_rank(strategy: Any, kind: str, world_size: int) -> int:
     if kind != "kill_during_save":
         return world_size - 1
     launcher = getattr(strategy, "launcher", None)
-    row = launcher_rows().get(getattr(launcher, "name", ""))
+    row = registered(LauncherRow).get(getattr(launcher, "name", ""))
     return 0 if row is not None and row.launches_single else world_size - 1
 
 

@@ -325,7 +325,7 @@ def features(spec: Any) -> tuple[int, bool]:
 
 def check_recipe_parity(ctx: RankContext) -> None:
     """The recipe (no dropout) on this launch's ranks against one plain process."""
-    from interlock.connector.parts_registry import current_parts
+    from interlock.connector.registry import current_parts
 
     if current_parts().precisions[ctx.precision].param_dtype == "float16":
         raise CheckSkipped(

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from interlock.connector.parts_registry import current_parts
+from interlock.connector.registry import current_parts
 from interlock.connector.tables import PrecisionRow
 
 FEATURES = 6

@@ -19,7 +19,7 @@ from interlock.conformance.checks import RankContext
 from interlock.conformance.declaration import check_declaration
 from interlock.conformance.launch_checks import LaunchContext
 from interlock.connector.parallelism import DIM_DOCS, DIMS
-from interlock.connector.parts_registry import current_parts
+from interlock.connector.registry import current_parts
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,42 +5,18 @@ imports the runtime; :func:`interlock.resolve` hands its `Plan` to the builder t
 lives with the strategies.
 """
 
+from typing import TYPE_CHECKING
+
 from interlock.connector.errors import ERROR_CODES, ResolutionError
 from interlock.connector.machine import Machine
 from interlock.connector.memory import MemoryEstimate, MemoryTraits
 from interlock.connector.model import ModelShape
 from interlock.connector.optimizers import OptimizerRow
 from interlock.connector.parallelism import MeshLayout, Parallelism
-from interlock.connector.parts_registry import (
-    accelerator_rows,
-    checkpoint_io_rows,
-    environment_rows,
-    launcher_rows,
-    optimizer_rows,
-    package_rows,
-    precision_rows,
-    register_accelerator,
-    register_checkpoint_io,
-    register_environment,
-    register_launcher,
-    register_optimizer,
-    register_package,
-    register_precision,
-    unregister_accelerator,
-    unregister_checkpoint_io,
-    unregister_environment,
-    unregister_launcher,
-    unregister_optimizer,
-    unregister_package,
-    unregister_precision,
-)
 from interlock.connector.planner import STAGES, Plan, plan
-from interlock.connector.registry import (
-    RegistrationError,
-    register_strategy,
-    strategy_specs,
-    unregister_strategy,
-)
+from interlock.connector.registration import RegistrationError
+from interlock.connector.registry import register, registered, unregister
+from interlock.connector.retired_verbs import retired
 from interlock.connector.specs import StrategyPreset, StrategySpec
 from interlock.connector.tables import (
     AcceleratorRow,
@@ -51,6 +27,10 @@ from interlock.connector.tables import (
     PrecisionRow,
 )
 from interlock.connector.trace import TraceStep
+
+#: the registry's verbs before 0.2.0: they still work for one release, and warn
+if not TYPE_CHECKING:  # type checkers keep refusing names the package does not have
+    __getattr__ = retired(__name__)
 
 __all__ = [
     "ERROR_CODES",
@@ -74,29 +54,8 @@ __all__ = [
     "StrategyPreset",
     "StrategySpec",
     "TraceStep",
-    "accelerator_rows",
-    "checkpoint_io_rows",
-    "environment_rows",
-    "launcher_rows",
-    "optimizer_rows",
-    "package_rows",
     "plan",
-    "precision_rows",
-    "register_accelerator",
-    "register_checkpoint_io",
-    "register_environment",
-    "register_launcher",
-    "register_optimizer",
-    "register_package",
-    "register_precision",
-    "register_strategy",
-    "strategy_specs",
-    "unregister_accelerator",
-    "unregister_checkpoint_io",
-    "unregister_environment",
-    "unregister_launcher",
-    "unregister_optimizer",
-    "unregister_package",
-    "unregister_precision",
-    "unregister_strategy",
+    "register",
+    "registered",
+    "unregister",
 ]

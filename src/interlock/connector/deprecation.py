@@ -87,6 +87,25 @@ def deprecated(*, replacement: str, since: str) -> Callable[[F], F]:
     return wrap
 
 
+def deprecated_names(module: str, find: Callable[[str], tuple[Any, str] | None], *,
+                     since: str) -> Callable[[str], Any]:
+    """A module ``__getattr__`` that keeps retired names of ``module`` working.
+
+    ``find(name)`` returns what an old name stands for and the replacement to name in
+    the warning, or None for a name that never existed (an AttributeError, as usual).
+    """
+
+    def __getattr__(name: str) -> Any:
+        found = find(name)
+        if found is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        value, replacement = found
+        warn_deprecated(f"{module}.{name}", replacement=replacement, since=since)
+        return value
+
+    return __getattr__
+
+
 def moved_names(module: str, moved: Mapping[str, str], *, since: str) -> Callable[[str], Any]:
     """A module ``__getattr__`` that keeps old names importable from ``module``.
 
@@ -97,16 +116,16 @@ def moved_names(module: str, moved: Mapping[str, str], *, since: str) -> Callabl
     """
     table = dict(moved)
 
-    def __getattr__(name: str) -> Any:
+    def find(name: str) -> tuple[Any, str] | None:
         target = table.get(name)
         if target is None:
-            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+            return None
         home, _, attribute = target.partition(":")
-        warn_deprecated(f"{module}.{name}", replacement=f"{home}.{attribute}", since=since)
-        return getattr(importlib.import_module(home), attribute)
+        return getattr(importlib.import_module(home), attribute), f"{home}.{attribute}"
 
-    return __getattr__
+    return deprecated_names(module, find, since=since)
 
 
-__all__ = ["InterlockDeprecationWarning", "deprecated", "deprecation_message", "moved_names",
+__all__ = ["InterlockDeprecationWarning", "deprecated", "deprecated_names",
+           "deprecation_message", "moved_names",
            "removal_version", "warn_deprecated"]

@@ -15,17 +15,15 @@ from pathlib import Path
 from interlock.connector.builtin import BUILTIN_STRATEGIES
 from interlock.connector.errors import BUILD_ERROR_CODES, ERROR_CODES
 from interlock.connector.parallelism import DIMS
-from interlock.connector.parts_registry import (
-    ACCELERATOR_REGISTRY,
-    ENVIRONMENT_REGISTRY,
-    LAUNCHER_REGISTRY,
-    PRECISION_REGISTRY,
-)
 from interlock.connector.planner import STAGES
 from interlock.connector.tables import (
     ACCELERATOR_ALIASES,
     ACCELERATOR_CHOOSERS,
+    ACCELERATORS,
+    CLUSTERS,
+    LAUNCHERS,
     LEGACY_PRECISIONS,
+    PRECISIONS,
     WITHDRAWN_STRATEGIES,
 )
 
@@ -40,7 +38,7 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
 
 def _ordered(names: Iterable[str]) -> str:
     chosen = set(names)
-    return ", ".join(p.name for p in PRECISION_REGISTRY.builtin if p.name in chosen)
+    return ", ".join(p.name for p in PRECISIONS if p.name in chosen)
 
 
 def render_rules_markdown() -> str:
@@ -89,7 +87,7 @@ def render_rules_markdown() -> str:
                     ", ".join(r.requires),
                     r.description,
                 )
-                for r in ACCELERATOR_REGISTRY.builtin
+                for r in ACCELERATORS
             ),
         )
     )
@@ -108,7 +106,7 @@ def render_rules_markdown() -> str:
             (
                 (f"`{r.name}`", r.param_dtype, r.compute_dtype, "yes" if r.scaler else "",
                  ", ".join(r.requires), r.description)
-                for r in PRECISION_REGISTRY.builtin
+                for r in PRECISIONS
             ),
         )
     )
@@ -170,7 +168,7 @@ def render_rules_markdown() -> str:
             (
                 (f"`{r.name}`", r.start_method or "", "yes" if r.interactive else "no",
                  "yes" if r.launches_single else "no", r.description)
-                for r in LAUNCHER_REGISTRY.builtin
+                for r in LAUNCHERS
             ),
         )
     )
@@ -188,7 +186,7 @@ def render_rules_markdown() -> str:
                         for i, v in enumerate((r.world_size_vars, r.local_size_vars, r.nodes_vars))
                     ),
                 )
-                for r in ENVIRONMENT_REGISTRY.builtin
+                for r in CLUSTERS
             ),
         )
     )

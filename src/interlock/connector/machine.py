@@ -16,11 +16,11 @@ from interlock.connector.limits import MAX_DEVICES_PER_NODE, short_repr
 from interlock.connector.memory import format_bytes
 from interlock.connector.memory_probe import cuda_device_memory, host_memory
 from interlock.connector.model import MAX_BYTES
-from interlock.connector.parts_registry import current_parts, load_reference, package_rows
 from interlock.connector.registration import NAME_PATTERN
+from interlock.connector.registry import current_parts, load_reference, registered
 
 # re-exported: the CLI, the profiles and the environment report read them from here
-from interlock.connector.tables import ACCELERATORS
+from interlock.connector.tables import ACCELERATORS, PackageRow
 from interlock.connector.tables import OPTIONAL_PACKAGES as OPTIONAL_PACKAGES
 from interlock.connector.tables import START_METHODS as START_METHODS
 
@@ -37,9 +37,9 @@ class Machine:
         interactive: whether the code runs in an interactive session (REPL, notebook).
         start_methods: multiprocessing start methods this platform offers.
         packages: importable optional packages among :data:`OPTIONAL_PACKAGES` and the
-            registered ones (`interlock.register_package`).
+            registered ones (`interlock.register` of a `PackageRow`).
         extra_devices: devices of registered (third-party) accelerators, by accelerator
-            name (see `interlock.connector.parts_registry`); an accelerator not listed
+            name (see `interlock.connector.registry`); an accelerator not listed
             has none. The built-in accelerators have fields of their own.
         device_memory: bytes of memory of one accelerator device (the smallest, when
             they differ), or None when not known: the memory estimate
@@ -274,7 +274,7 @@ def _known_packages(given: object) -> tuple[str, ...]:
     if isinstance(given, (set, frozenset, tuple, list)) and all(
             p in OPTIONAL_PACKAGES for p in given):
         return OPTIONAL_PACKAGES
-    return tuple(package_rows())
+    return tuple(registered(PackageRow))
 
 
 @functools.lru_cache(maxsize=4)

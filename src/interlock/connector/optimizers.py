@@ -1,6 +1,6 @@
 """`OptimizerRow`: what an optimizer keeps per parameter, the one fact the memory
 estimate needs of it. The built-in rows are torch.optim's common optimizers with their
-default options; others join through `interlock.register_optimizer` or the
+default options; others join through `interlock.register` or the
 ``interlock.optimizers`` entry point group, like every part kind."""
 
 from __future__ import annotations

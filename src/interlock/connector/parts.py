@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from interlock.connector.machine import Machine
-from interlock.connector.parts_registry import current_parts
-from interlock.connector.registry import strategy_specs
+from interlock.connector.registry import current_parts, registered
 from interlock.connector.rules import Written
+from interlock.connector.specs import StrategySpec
 from interlock.connector.stages.cluster import check_geometry
 from interlock.connector.stages.devices import DevicesInput
 from interlock.connector.stages.devices import place_devices as devices_stage
@@ -28,7 +28,7 @@ def place_devices(accelerator: str, devices: object, machine: Machine) -> tuple[
         ResolutionError: the devices value is invalid or the machine lacks the devices.
     """
     parts = current_parts()
-    request = read_flag("devices", devices, specs=strategy_specs(), parts=parts).devices
+    request = read_flag("devices", devices, specs=registered(StrategySpec), parts=parts).devices
     return devices_stage(DevicesInput(
         machine=machine, parts=parts, accelerator=accelerator, devices=request,
         num_nodes=1,

@@ -13,11 +13,11 @@ from interlock.connector.machine import Machine
 from interlock.connector.memory import MemoryEstimate, format_bytes
 from interlock.connector.model import ModelShape
 from interlock.connector.parallelism import MeshLayout, Parallelism
-from interlock.connector.parts_registry import current_parts
 from interlock.connector.registry import (
     broken_entry_points,
+    current_parts,
+    registered,
     registry_version,
-    strategy_specs,
 )
 from interlock.connector.rules import Written
 from interlock.connector.specs import StrategySpec
@@ -372,7 +372,7 @@ def plan(
     check_machine("plan", machine)
     if machine is None:
         machine = Machine.probe()
-    specs = strategy_specs()
+    specs = registered(StrategySpec)
     key: tuple[object, ...] | None = None
     if plugins is None:
         parts = (_exact(accelerator), _exact(devices), _exact(strategy), _exact(precision),
@@ -517,7 +517,7 @@ def _chain(machine: Machine, specs: Mapping[str, StrategySpec], written: Written
     trace: tuple[TraceStep, ...] = ()
     try:
         flags = read_flags(written, specs=specs, parts=parts,
-                           broken_entry_points=broken_entry_points())
+                           broken_entry_points=broken_entry_points("strategies"))
         trace = flags.trace
         sizing = read_sizing(written.model, written.optimizer, written.micro_batch_size,
                              parts)

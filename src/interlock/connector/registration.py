@@ -1,10 +1,9 @@
-"""What every registry shares: the refusal, and entry points loaded all or none.
+"""How the registry (:mod:`interlock.connector.registry`) refuses a row and loads an
+entry point, all or none.
 
-The strategy registry (:mod:`interlock.connector.registry`) and the part registries
-(:mod:`interlock.connector.parts_registry`) load their entry point groups the same way:
-an entry point's object is a row, a list or tuple of rows, or a callable taking no
-arguments that returns either; a broken entry point is recorded with the reason and
-warned about once, never silently dropped.
+Every kind's entry point group loads the same way: an entry point's object is a row, a
+list or tuple of rows, or a callable taking no arguments that returns either; a broken
+entry point is recorded with the reason and warned about once, never silently dropped.
 """
 
 from __future__ import annotations

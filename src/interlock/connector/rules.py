@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields
 from typing import ClassVar, Generic, Literal, NamedTuple, NoReturn, TypeVar
 
 from interlock.connector.errors import ResolutionError
-from interlock.connector.parts_registry import PartTables
+from interlock.connector.part_tables import PartTables
 from interlock.connector.trace import TraceStep
 
 

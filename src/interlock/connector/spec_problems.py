@@ -14,9 +14,9 @@ from interlock.connector.builtin import BUILTIN_STRATEGIES
 from interlock.connector.limits import short_repr
 from interlock.connector.memory import MemoryTraits
 from interlock.connector.parallelism import DIMS
-from interlock.connector.part_problems import requires_problems
-from interlock.connector.parts_registry import current_parts
+from interlock.connector.part_problems import Known, requires_problems
 from interlock.connector.registration import FACTORY_PATTERN, NAME_PATTERN, suspects
+from interlock.connector.registry import current_parts
 from interlock.connector.specs import (
     CAPABILITIES,
     MAX_PARITY_STEPS,
@@ -25,13 +25,22 @@ from interlock.connector.specs import (
     StrategySpec,
     expand_preset,
 )
-from interlock.connector.tables import STRATEGY_PRECISION_PLUGINS
+from interlock.connector.tables import STRATEGY_PRECISION_PLUGINS, WITHDRAWN_ROWS
 
 
 def strategy_families() -> tuple[str, ...]:
     """The values ``StrategySpec.family`` may take: the built-in rows' families, in
     table order, then ``"other"`` for a strategy that belongs to none of them."""
     return (*dict.fromkeys(s.family for s in BUILTIN_STRATEGIES), OTHER_FAMILY)
+
+
+def strategy_problems(spec: object, known: Known) -> list[str]:
+    """Everything wrong with a spec the registry is about to add (its check of the
+    strategies kind): `spec_problems`, and a name withdrawn on purpose."""
+    problems = spec_problems(spec)
+    if getattr(spec, "name", None) in WITHDRAWN_ROWS:
+        problems.append("the name is withdrawn on purpose; choose another")
+    return problems
 
 
 def spec_problems(spec: object) -> list[str]:

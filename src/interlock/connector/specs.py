@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from interlock.connector.memory import REPLICATED, MemoryTraits
-from interlock.connector.parts_registry import current_parts
+from interlock.connector.registry import current_parts
 from interlock.connector.tables import LauncherRow
 
 #: capability tags a spec may declare; the conformance suite runs the checks that

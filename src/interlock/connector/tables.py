@@ -1,12 +1,12 @@
 """The tables: every fact about what works with what, written once.
 
-These are the built-in rows. Every part kind (precisions, accelerators, cluster
-environments, launchers) is a registry, like the strategies: the rows below are its
-built-in entries, and third-party rows join them through
-:mod:`interlock.connector.parts_registry` (``register_precision`` and friends, or an
-entry point). The engine's rules read the registry at call time, never the tuples
-here; the module constants derived from them (``PRECISION_NAMES``, ``ACCELERATOR_ROWS``,
-...) describe the built-in rows only. Strategy rows live in
+These are the built-in rows. Every kind of row (precisions, accelerators, cluster
+environments, launchers, ...) lives in the one registry, like the strategies: the rows
+below are its built-in entries, and third-party rows join them through
+:mod:`interlock.connector.registry` (``interlock.register(row)``, or an entry point).
+The engine's rules read the registry at call time, never the tuples here; the module
+constants derived from them (``PRECISION_NAMES``, ``ACCELERATOR_ROWS``, ...) describe
+the built-in rows only. Strategy rows live in
 :mod:`interlock.connector.builtin`.
 
 Each row names its implementation as a lazy ``"package.module:Class"`` string

@@ -27,13 +27,10 @@ from typing import Any
 import interlock
 from interlock.connector.builtin import BUILTIN_STRATEGIES
 from interlock.connector.errors import ResolutionError
-from interlock.connector.parts_registry import (
-    ACCELERATOR_REGISTRY,
-    PRECISION_REGISTRY,
-    accelerator_rows,
-)
 from interlock.connector.planner import DevicesFlag, Plan, plan
+from interlock.connector.registry import registered
 from interlock.connector.specs import StrategySpec
+from interlock.connector.tables import ACCELERATORS, PRECISIONS, AcceleratorRow
 from interlock.matrix import fits
 from interlock.matrix import parallelism as par
 from interlock.matrix.profiles import PROFILES, Profile, profile_named
@@ -64,19 +61,19 @@ ACCELERATOR_PROFILES: Mapping[str, str] = {
 #: The conformance runner that exercises each accelerator (mps has none yet, so its
 #: cells can only be declared).
 RUNNER_FOR_ACCELERATOR: Mapping[str, str] = MappingProxyType(
-    {row.name: row.runner for row in ACCELERATOR_REGISTRY.builtin if row.runner is not None}
+    {row.name: row.runner for row in ACCELERATORS if row.runner is not None}
 )
 
 
 def builtin_accelerators() -> tuple[str, ...]:
     """The accelerators the committed documents cover: the built-in ones, read from the
     registry (a third-party row installed here must not change the documents)."""
-    return tuple(row.name for row in ACCELERATOR_REGISTRY.builtin)
+    return tuple(row.name for row in ACCELERATORS)
 
 
 def builtin_precisions() -> tuple[str, ...]:
     """The precisions the committed documents cover: the built-in ones, in table order."""
-    return tuple(row.name for row in PRECISION_REGISTRY.builtin)
+    return tuple(row.name for row in PRECISIONS)
 
 #: Launch environments in table order (each is a profile's ``environment`` field).
 ENVIRONMENTS: tuple[str, ...] = ("local", "notebook", "torchrun", "slurm", "no-fork")
@@ -197,7 +194,7 @@ def one_device(spec: StrategySpec, accelerator: str | None = None) -> bool:
     """Whether the strategy (or the accelerator, when given) takes one device per node."""
     limits = [spec.max_devices]
     if accelerator is not None:
-        limits.append(accelerator_rows()[accelerator].max_devices)
+        limits.append(registered(AcceleratorRow)[accelerator].max_devices)
     return 1 in limits
 
 
@@ -425,8 +422,8 @@ def _caption(table: AcceleratorTable) -> str:
     text = (f"accelerator=\"{table.accelerator}\" on the `{table.profile.name}` profile "
             f"({table.profile.description}); {', '.join(f'devices={d}' for d in used)} as "
             "fits each strategy, num_nodes=1.")
-    extras = sorted(table.profile.machine.packages - set(accelerator_rows()[table.accelerator]
-                                                          .requires))
+    needs = registered(AcceleratorRow)[table.accelerator].requires
+    extras = sorted(table.profile.machine.packages - set(needs))
     if extras:
         text += (f" {' and '.join(extras)} {'is' if len(extras) == 1 else 'are'} installed "
                  "on this profile, so these rows show what each strategy supports rather "

@@ -16,7 +16,8 @@ from typing import TypeVar, cast
 
 from interlock.connector.errors import ResolutionError
 from interlock.connector.planner import DevicesFlag, Plan, PrecisionFlag, plan
-from interlock.connector.registry import registry_version, strategy_specs
+from interlock.connector.registry import registered, registry_version
+from interlock.connector.specs import StrategySpec
 from interlock.matrix import lock
 from interlock.matrix import parallelism as par
 from interlock.matrix.evaluate import show
@@ -518,7 +519,7 @@ def _replan(key: CellKey, space: FlagSpace) -> Plan | None:
     known_precision, precision_flag = _flag_value(space.precisions, precision)
     if (not known_devices or not known_precision or accelerator not in space.accelerators
             or nodes not in space.num_nodes
-            or (strategy != "auto" and strategy not in strategy_specs())):
+            or (strategy != "auto" and strategy not in registered(StrategySpec))):
         return None
     return plan(accelerator=accelerator, devices=cast(DevicesFlag, devices_flag),
                 strategy=strategy, precision=cast(PrecisionFlag, precision_flag),
@@ -530,7 +531,7 @@ def _replan_layout(key: ParallelismKey) -> Plan | None:
     profile, layout_key, strategy = key
     setting = next((s for s in par.SETTINGS if s.profile == profile), None)
     layout = next((lay for lay in par.LAYOUTS if lay.key == layout_key), None)
-    if setting is None or layout is None or strategy not in strategy_specs():
+    if setting is None or layout is None or strategy not in registered(StrategySpec):
         return None
     return plan(strategy=strategy, devices=setting.devices, num_nodes=setting.num_nodes,
                 precision=par.PRECISION, machine=setting.machine_profile.machine,

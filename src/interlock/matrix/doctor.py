@@ -13,15 +13,9 @@ from collections.abc import Mapping, Sequence
 from interlock.connector.errors import ResolutionError
 from interlock.connector.machine import Machine
 from interlock.connector.memory import format_bytes
-from interlock.connector.parts_registry import (
-    PART_KINDS,
-    REGISTRIES,
-    current_parts,
-    part_entry_points,
-)
 from interlock.connector.planner import DevicesFlag, Plan, plan
 from interlock.connector.registration import EntryPointStatus
-from interlock.connector.registry import strategy_entry_points, strategy_specs
+from interlock.connector.registry import KINDS, current_parts, entry_points, registered
 from interlock.connector.specs import StrategySpec
 from interlock.matrix.profiles import PROFILES, profile_named
 
@@ -118,7 +112,7 @@ def _runtime_missing(spec: StrategySpec) -> str | None:
 def entry_point_lines() -> list[str]:
     """One line per installed strategy entry point: what it registered, or why it
     failed to load (its strategies are then refused with that error)."""
-    return _status_lines(strategy_entry_points(), "no strategies")
+    return _status_lines(entry_points("strategies"), "no strategies")
 
 
 def _status_lines(found: Sequence[EntryPointStatus], nothing: str) -> list[str]:
@@ -138,10 +132,9 @@ def part_entry_point_lines() -> list[str]:
     line per entry point: the rows it registered, or why it failed to load. Empty when
     no package provides parts."""
     lines: list[str] = []
-    for kind in PART_KINDS:
-        found = part_entry_points(kind)
-        if found:
-            registry = REGISTRIES[kind]
+    for kind, registry in KINDS.items():
+        found = entry_points(kind)
+        if found and kind != "strategies":
             noun = registry.noun[:1].upper() + registry.noun[1:]  # "Checkpoint IO"
             lines += ["", f"{noun} entry points ({registry.group}):"]
             lines += _status_lines(found, f"no {registry.plural}")
@@ -171,7 +164,7 @@ def doctor_report(machine: Machine | None = None) -> str:
     """
     if machine is None:
         machine = Machine.probe()
-    specs = strategy_specs()
+    specs = registered(StrategySpec)
     rows = [s for s in specs.values() if s.variant_of is None]
     width = max(len(s.name) for s in rows)
     out = ["interlock doctor", "", f"Machine: {machine.describe()}", "", "Memory:",

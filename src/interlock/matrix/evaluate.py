@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from interlock.connector.errors import ResolutionError
-from interlock.connector.parts_registry import current_parts
 from interlock.connector.planner import Plan
-from interlock.connector.registry import strategy_specs
+from interlock.connector.registry import current_parts, registered
+from interlock.connector.specs import StrategySpec
 from interlock.connector.stages.accelerator import AcceleratorInput, choose_accelerator
 from interlock.connector.stages.cluster import ClusterChoice, ClusterInput, choose_cluster
 from interlock.connector.stages.devices import DevicesInput, place_devices
@@ -74,7 +74,7 @@ def outcome_of(result: Plan | ResolutionError) -> str:
 def evaluate(profile: Profile, space: FlagSpace = FLAG_SPACE) -> Iterator[tuple[Cell, str]]:
     """Every cell of ``space`` on ``profile`` with its outcome, in a fixed order."""
     machine = profile.machine
-    specs = strategy_specs()
+    specs = registered(StrategySpec)
     parts = current_parts()
     strategies = space.strategies()
 

@@ -5,11 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from interlock.connector.builtin import BUILTIN_STRATEGIES
-from interlock.connector.parts_registry import (
-    PRECISION_REGISTRY,
-)
-from interlock.connector.registry import strategy_specs
-from interlock.connector.tables import ACCELERATOR_INPUTS, LEGACY_PRECISIONS
+from interlock.connector.registry import registered
+from interlock.connector.specs import StrategySpec
+from interlock.connector.tables import ACCELERATOR_INPUTS, LEGACY_PRECISIONS, PRECISIONS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -26,7 +24,7 @@ class FlagSpace:
     def strategies(self) -> tuple[str, ...]:
         """'auto' and the strategies covered (by default every registered one, built-in
         and third-party), sorted."""
-        names = self.strategy_names if self.strategy_names is not None else strategy_specs()
+        names = self.strategy_names if self.strategy_names is not None else registered(StrategySpec)
         return ("auto", *sorted(names))
 
     def size(self) -> int:
@@ -39,7 +37,7 @@ class FlagSpace:
 FLAG_SPACE = FlagSpace(
     accelerators=ACCELERATOR_INPUTS,
     devices=("auto", 1, 2, 4, 8, -1, "0,1", [1], 0, "[]"),
-    precisions=(*(row.name for row in PRECISION_REGISTRY.builtin), *LEGACY_PRECISIONS),
+    precisions=(*(row.name for row in PRECISIONS), *LEGACY_PRECISIONS),
     num_nodes=(1, 2),
 )
 

@@ -22,7 +22,8 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from interlock.connector.parts_registry import launcher_rows
+from interlock.connector.registry import registered
+from interlock.connector.tables import LauncherRow
 from interlock.strategies import checkpointing, random_state
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.collectives import Collective, ReduceOp
@@ -371,7 +372,7 @@ class Strategy(ABC):
             return run_with_restarts(
                 lambda attempt: _run_attempt(attempt, self, fn, args, kwargs),
                 policy, in_process=True)
-        row = launcher_rows().get(launcher.name)
+        row = registered(LauncherRow).get(launcher.name)
         if not (row is not None and row.restarts):
             if policy.max_restarts:
                 warnings.warn(

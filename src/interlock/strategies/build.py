@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from interlock.connector.errors import ResolutionError, did_you_mean
-from interlock.connector.parts_registry import load_reference
+from interlock.connector.registry import load_reference
 from interlock.connector.specs import StrategySpec
 from interlock.strategies.base import Strategy
 

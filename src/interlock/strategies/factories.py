@@ -3,6 +3,6 @@
 
 from __future__ import annotations
 
-from interlock.connector.parts_registry import load_reference as load_part
+from interlock.connector.registry import load_reference as load_part
 
 __all__ = ["load_part"]

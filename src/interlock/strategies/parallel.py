@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import torch
 
 from interlock.connector.parallelism import MeshLayout, Parallelism
-from interlock.connector.parts_registry import accelerator_rows
+from interlock.connector.registry import registered
+from interlock.connector.tables import AcceleratorRow
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.base import Strategy
 from interlock.strategies.collectives import Collective, TorchCollective
@@ -151,7 +152,7 @@ class ParallelStrategy(Strategy):
         """gloo for cpu, nccl for cuda, unless given."""
         if self._backend is not None:
             return self._backend
-        return accelerator_rows()[self.parallel_devices[0].type].backend
+        return registered(AcceleratorRow)[self.parallel_devices[0].type].backend
 
     @property
     def num_processes(self) -> int:

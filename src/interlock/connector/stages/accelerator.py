@@ -1,15 +1,15 @@
 """Stage 2, accelerator: choose the accelerator from the flag and the machine.
 
-The rows come from the part registries at call time (``parts``): a registered
+The rows come from the registry at call time (``parts``): a registered
 accelerator gets an ``accelerator/auto-<name>`` rule just before ``accelerator/auto-cpu``
-(see `interlock.connector.parts_registry` for why there).
+(see `interlock.connector.registry` for why there).
 """
 
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
 from interlock.connector.machine import Machine
-from interlock.connector.parts_registry import PartTables
+from interlock.connector.part_tables import PartTables
 from interlock.connector.rules import (
     NOT_WRITTEN,
     Decision,
@@ -34,7 +34,7 @@ class AcceleratorInput(NamedTuple):
 
     Attributes:
         machine: the machine planned for.
-        parts: the part registries' snapshot.
+        parts: the registry's snapshot.
         requested: the accelerator flag as read (a canonical name, ``"auto"``, ``"gpu"``).
     """
 

@@ -2,8 +2,8 @@
 against it.
 
 A registered cluster environment with a detector gets a ``cluster/<name>`` rule just
-before ``cluster/external``, from the part registries at call time (``parts``; see
-`interlock.connector.parts_registry` for why there). The geometry check also runs alone
+before ``cluster/external``, from the registry at call time (``parts``; see
+`interlock.connector.registry` for why there). The geometry check also runs alone
 for the runtime, through `check_geometry`.
 """
 
@@ -13,7 +13,8 @@ from typing import ClassVar, NamedTuple
 
 from interlock.connector.limits import MAX_DEVICES_PER_NODE
 from interlock.connector.machine import Machine
-from interlock.connector.parts_registry import ENVIRONMENT_REGISTRY, PartTables, current_parts
+from interlock.connector.part_tables import PartTables
+from interlock.connector.registry import current_parts
 from interlock.connector.rules import (
     NOT_WRITTEN,
     Decision,
@@ -31,6 +32,7 @@ from interlock.connector.rules import (
 from interlock.connector.stages.accelerator import devices_on
 from interlock.connector.stages.devices import indexed
 from interlock.connector.tables import (
+    CLUSTERS,
     DETECTION_VALUES,
     DETECTION_VARIABLE,
     SLURM_INTERACTIVE_JOB_NAMES,
@@ -47,7 +49,7 @@ class ClusterInput(NamedTuple):
 
     Attributes:
         machine: the machine planned for (its environment variables).
-        parts: the part registries' snapshot.
+        parts: the registry's snapshot.
         accelerator: the chosen accelerator.
         devices: the devices request (``auto`` may follow the cluster's count).
         parallel_devices: the devices placed on one node.
@@ -108,7 +110,7 @@ def _count(ctx: ClusterDraft) -> int:
 
 
 #: The built-in cluster environments, for the rules written for them by name.
-_BUILTIN: dict[str, ClusterRow] = {row.name: row for row in ENVIRONMENT_REGISTRY.builtin}
+_BUILTIN: dict[str, ClusterRow] = {row.name: row for row in CLUSTERS}
 
 
 def _use_cluster(ctx: ClusterDraft, row: ClusterRow, *, detected: bool = True) -> None:
@@ -383,7 +385,7 @@ CLUSTER_CHOICE = Decision(
             when=_slurm_single_task,
             then=_slurm_local("SLURM job step with a single task"),
         ),
-        *(_detect_rule(row) for row in ENVIRONMENT_REGISTRY.builtin if row.detect is not None
+        *(_detect_rule(row) for row in CLUSTERS if row.detect is not None
           and row.name != "torchelastic"),
         Rule(
             id="cluster/slurm-without-step-multinode",

@@ -2,7 +2,7 @@
 the geometry.
 
 A registered accelerator's devices are indexed like CUDA's: its ``devices/<name>-*``
-rules come from the part registries at call time (``parts``).
+rules come from the registry at call time (``parts``).
 """
 
 from collections.abc import Callable
@@ -16,7 +16,7 @@ from interlock.connector.limits import (
     short_repr,
 )
 from interlock.connector.machine import Machine
-from interlock.connector.parts_registry import PartTables
+from interlock.connector.part_tables import PartTables
 from interlock.connector.rules import (
     NOT_WRITTEN,
     Decision,
@@ -38,7 +38,7 @@ class DevicesInput(NamedTuple):
 
     Attributes:
         machine: the machine planned for.
-        parts: the part registries' snapshot.
+        parts: the registry's snapshot.
         accelerator: the chosen accelerator.
         devices: the devices request.
         num_nodes: the node count.

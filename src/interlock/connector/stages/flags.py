@@ -18,9 +18,8 @@ from interlock.connector.limits import (
     MAX_NUM_NODES,
     short_repr,
 )
-from interlock.connector.parts_registry import PartTables
-from interlock.connector.registration import suspects
-from interlock.connector.registry import EntryPointStatus
+from interlock.connector.part_tables import PartTables
+from interlock.connector.registration import EntryPointStatus, suspects
 from interlock.connector.rules import (
     Decision,
     DevicesRequest,

@@ -29,7 +29,7 @@ from interlock.connector.memory import (
 from interlock.connector.model import ModelShape
 from interlock.connector.optimizers import DEFAULT_OPTIMIZER, OptimizerRow
 from interlock.connector.parallelism import Parallelism
-from interlock.connector.parts_registry import PartTables
+from interlock.connector.part_tables import PartTables
 from interlock.connector.rules import Decision, Draft, Rule, Stage, always, refuse, run_stage
 from interlock.connector.specs import StrategySpec
 from interlock.connector.trace import TraceStep
@@ -40,7 +40,7 @@ class MemoryInput(NamedTuple):
 
     Attributes:
         machine: the machine planned for (its memory).
-        parts: the part registries' snapshot (optimizer, precision, accelerator rows).
+        parts: the registry's snapshot (optimizer, precision, accelerator rows).
         shape: the model's shape.
         optimizer: the optimizer flag as written (a name), or None.
         micro_batch_size: samples per rank per forward, or None.

@@ -20,7 +20,7 @@ from interlock.connector.parallelism import (
     divisors,
     fill,
 )
-from interlock.connector.parts_registry import PartTables
+from interlock.connector.part_tables import PartTables
 from interlock.connector.rules import (
     Decision,
     Draft,
@@ -45,7 +45,7 @@ class ParallelismInput(NamedTuple):
     """What the parallelism stage decides from.
 
     Attributes:
-        parts: the part registries' snapshot.
+        parts: the registry's snapshot.
         specs: every registered strategy row (for the alternatives a refusal lists).
         spec: the chosen strategy's row.
         accelerator: the chosen accelerator.

@@ -8,14 +8,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
-from interlock.connector.parts_registry import CHECKPOINT_IO_REGISTRY, PartTables
+from interlock.connector.part_tables import PartTables
 from interlock.connector.rules import Decision, Draft, Rule, Stage, always, run_stage
-from interlock.connector.tables import CheckpointIORow
+from interlock.connector.tables import CHECKPOINT_IOS, CheckpointIORow
 from interlock.connector.trace import TraceStep
 
 
 class PluginsInput(NamedTuple):
-    """What the plugins stage decides from: the part registries' snapshot, the
+    """What the plugins stage decides from: the registry's snapshot, the
     accelerator and the checkpoint IO plugin given, if any."""
 
     parts: PartTables
@@ -74,13 +74,14 @@ def _io_rule(row: CheckpointIORow, doc: str | None = None) -> Rule[PluginsDraft]
 
 
 def _registered_ios(parts: PartTables) -> tuple[Rule[PluginsDraft], ...]:
-    builtin = CHECKPOINT_IO_REGISTRY.builtin_names
+    builtin = frozenset(row.name for row in CHECKPOINT_IOS)
     return tuple(_io_rule(row) for name, row in parts.checkpoint_ios.items()
                  if name not in builtin)
 
 
-_TORCH = CHECKPOINT_IO_REGISTRY.rows["torch"]
-_XLA = CHECKPOINT_IO_REGISTRY.rows["xla"]
+_BUILTIN_IO = {row.name: row for row in CHECKPOINT_IOS}
+_TORCH = _BUILTIN_IO["torch"]
+_XLA = _BUILTIN_IO["xla"]
 
 PLUGINS_CHOICE = Decision(
     id="plugins/checkpoint-io",

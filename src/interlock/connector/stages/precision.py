@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
 from interlock.connector.machine import Machine
-from interlock.connector.parts_registry import PartTables
+from interlock.connector.part_tables import PartTables
 from interlock.connector.rules import (
     NOT_WRITTEN,
     Decision,
@@ -31,7 +31,7 @@ class PrecisionInput(NamedTuple):
 
     Attributes:
         machine: the machine planned for (its packages).
-        parts: the part registries' snapshot.
+        parts: the registry's snapshot.
         accelerator: the chosen accelerator.
         spec: the chosen strategy's row.
         explicit: whether the strategy was asked for by name (else 'auto' chose it).

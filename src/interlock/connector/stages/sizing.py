@@ -15,7 +15,7 @@ from typing import ClassVar, NamedTuple
 from interlock.connector.errors import did_you_mean
 from interlock.connector.limits import short_repr
 from interlock.connector.model import ModelShape
-from interlock.connector.parts_registry import PartTables
+from interlock.connector.part_tables import PartTables
 from interlock.connector.rules import Decision, Draft, Rule, Stage, always, refuse, run_stage
 from interlock.connector.trace import TraceStep
 
@@ -88,7 +88,7 @@ def _refuse_unknown(ctx: SizingDraft) -> str:
     names = tuple(ctx.optimizers)
     refuse("unknown-optimizer", flag="optimizer", value=ctx.optimizer,
            reason=f"{ctx.optimizer!r} is not an optimizer interlock knows; register its row "
-           "with interlock.register_optimizer to plan for it.",
+           "with interlock.register(OptimizerRow(...)) to plan for it.",
            choices=names, suggestion=did_you_mean(ctx.optimizer, names))
 
 

@@ -12,7 +12,7 @@ from typing import ClassVar, NamedTuple
 
 from interlock.connector.errors import did_you_mean
 from interlock.connector.machine import Machine
-from interlock.connector.parts_registry import PartTables
+from interlock.connector.part_tables import PartTables
 from interlock.connector.rules import (
     NOT_WRITTEN,
     Decision,
@@ -36,8 +36,8 @@ class StrategyInput(NamedTuple):
 
     Attributes:
         machine: the machine planned for.
-        parts: the part registries' snapshot.
-        specs: the strategy registry (a mapping: this input is not hashable; a memo
+        parts: the registry's snapshot.
+        specs: the registered strategies (a mapping: this input is not hashable; a memo
             of this stage keys it by the other fields, within one registry version).
         requested: ``"auto"`` or the registered name asked for.
         accelerator: the chosen accelerator.

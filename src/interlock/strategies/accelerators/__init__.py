@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from interlock.connector.parts_registry import accelerator_rows
+from interlock.connector.registry import registered
+from interlock.connector.tables import AcceleratorRow
 from interlock.strategies.accelerators.base import Accelerator
 from interlock.strategies.accelerators.cpu import CPUAccelerator
 from interlock.strategies.accelerators.cuda import CUDAAccelerator
@@ -20,10 +21,10 @@ def accelerator_for(name: str) -> Accelerator:
     """
     from interlock.strategies.factories import load_part
 
-    row = accelerator_rows().get(name)
+    row = registered(AcceleratorRow).get(name)
     if row is None:
         raise ValueError(
-            f"no accelerator named {name!r}; known: {', '.join(accelerator_rows())}"
+            f"no accelerator named {name!r}; known: {', '.join(registered(AcceleratorRow))}"
         )
     cls = load_part("accelerator", name, row.factory, row.requires)
     if not (isinstance(cls, type) and issubclass(cls, Accelerator)):

@@ -11,7 +11,7 @@ from interlock.connector.deprecation import warn_deprecated
 from interlock.connector.errors import ResolutionError
 from interlock.connector.machine import Machine
 from interlock.connector.parts import place_devices
-from interlock.connector.parts_registry import current_parts
+from interlock.connector.registry import current_parts
 from interlock.connector.stages.accelerator import available_on
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 
+from interlock.connector.tables import ClusterRow
 from interlock.strategies.environments.base import ClusterEnvironment
 from interlock.strategies.environments.external import ExternalLauncherEnvironment
 from interlock.strategies.environments.hostlist import expand_hostlist, first_host
@@ -24,10 +25,10 @@ def environment_for(name: str, environ: Mapping[str, str] | None = None) -> Clus
     Raises:
         ValueError: ``name`` is not a cluster name the engine knows.
     """
-    from interlock.connector.parts_registry import environment_rows
+    from interlock.connector.registry import registered
     from interlock.strategies.factories import load_part
 
-    rows = environment_rows()
+    rows = registered(ClusterRow)
     row = rows.get(name)
     if row is None:
         close = difflib.get_close_matches(name, list(rows), n=1)

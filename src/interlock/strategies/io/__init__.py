@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import difflib
 
-from interlock.connector.parts_registry import checkpoint_io_rows
+from interlock.connector.registry import registered
+from interlock.connector.tables import CheckpointIORow
 from interlock.strategies.factories import load_part
 from interlock.strategies.io.base import CheckpointIO
 from interlock.strategies.io.errors import CheckpointLoadError
@@ -19,7 +20,7 @@ def checkpoint_io_for(name: str) -> CheckpointIO:
         ValueError: no checkpoint IO row has that name.
         ImportError: the row's factory cannot be imported (naming what to install).
     """
-    rows = checkpoint_io_rows()
+    rows = registered(CheckpointIORow)
     row = rows.get(name) if isinstance(name, str) else None
     if row is None:
         close = difflib.get_close_matches(str(name), list(rows), n=1)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from interlock.connector.parts_registry import launcher_rows
+from interlock.connector.registry import registered
+from interlock.connector.tables import LauncherRow
 from interlock.strategies.factories import load_part
 from interlock.strategies.launchers import history
 from interlock.strategies.launchers.base import (
@@ -56,9 +57,9 @@ def launcher_for(name: str | None, *, num_processes: int, num_nodes: int,
     """
     if name is None:
         return None
-    row = launcher_rows().get(name)
+    row = registered(LauncherRow).get(name)
     if row is None:
-        raise ValueError(f"unknown launcher {name!r}; choose {', '.join(launcher_rows())}")
+        raise ValueError(f"unknown launcher {name!r}; choose {', '.join(registered(LauncherRow))}")
     if name in ("subprocess", "external") and history.is_script_child():
         return SubprocessScriptLauncher(num_processes=num_processes)
     cls = load_part("launcher", name, row.factory)

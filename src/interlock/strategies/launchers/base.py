@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from interlock.connector.parts_registry import launcher_rows
+from interlock.connector.registry import registered
+from interlock.connector.tables import LauncherRow
 from interlock.strategies.preemption import Preempted
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ class Launcher(ABC):
 
     @property
     def is_interactive_compatible(self) -> bool:
-        row = launcher_rows().get(self.name)
+        row = registered(LauncherRow).get(self.name)
         return row is not None and row.interactive
 
     @abstractmethod

@@ -6,8 +6,8 @@ imports ``transformer_engine`` until a Transformer Engine plugin is created.
 
 from __future__ import annotations
 
-from interlock.connector.parts_registry import accelerator_rows, precision_rows
-from interlock.connector.tables import STRATEGY_PRECISION_PLUGINS
+from interlock.connector.registry import registered
+from interlock.connector.tables import STRATEGY_PRECISION_PLUGINS, AcceleratorRow, PrecisionRow
 from interlock.strategies.precision.base import Precision
 from interlock.strategies.precision.double import DoublePrecision
 from interlock.strategies.precision.from_row import plugin_from_row
@@ -46,16 +46,16 @@ def precision_for(name: str, device_type: str, plugin: str | None = None) -> Pre
         ValueError: for a name, device type or plugin family that is not canonical.
         MissingPackageError: for a Transformer Engine precision without the package.
     """
-    accelerators = accelerator_rows()
+    accelerators = registered(AcceleratorRow)
     if device_type not in accelerators:
         raise ValueError(
             f"precision_for(device_type={device_type!r}): expected one of "
             f"{', '.join(map(repr, accelerators))}"
         )
-    if name not in precision_rows():
+    if name not in registered(PrecisionRow):
         raise ValueError(
             f"precision_for(name={name!r}): expected a canonical precision, one of "
-            f"{', '.join(map(repr, precision_rows()))}"
+            f"{', '.join(map(repr, registered(PrecisionRow)))}"
         )
     if plugin is not None:
         return _strategy_precision(plugin, name, device_type)

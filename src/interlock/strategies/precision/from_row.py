@@ -7,7 +7,8 @@ returns, so a registered precision reaches it unchanged.
 
 from __future__ import annotations
 
-from interlock.connector.parts_registry import precision_rows
+from interlock.connector.registry import registered
+from interlock.connector.tables import PrecisionRow
 from interlock.strategies.factories import load_part
 from interlock.strategies.precision.base import Precision
 
@@ -20,11 +21,11 @@ def plugin_from_row(name: str, device_type: str) -> Precision:
         TypeError: the row's factory is not a `Precision` subclass.
         ImportError: the factory cannot be imported (naming what to install).
     """
-    row = precision_rows().get(name)
+    row = registered(PrecisionRow).get(name)
     if row is None:
         raise ValueError(
             f"precision {name!r}: expected a canonical precision, one of "
-            f"{', '.join(map(repr, precision_rows()))}"
+            f"{', '.join(map(repr, registered(PrecisionRow)))}"
         )
     cls = load_part("precision", name, row.factory, row.requires)
     if not (isinstance(cls, type) and issubclass(cls, Precision)):

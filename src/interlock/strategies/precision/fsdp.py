@@ -19,7 +19,7 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.optim import Optimizer
 
-from interlock.connector.parts_registry import precision_rows
+from interlock.connector.registry import registered
 from interlock.connector.tables import PRECISION_ROWS, SHARDED_PRECISIONS, PrecisionRow
 from interlock.strategies.precision.base import Precision
 from interlock.strategies.precision.from_row import plugin_from_row
@@ -71,7 +71,7 @@ class FSDPPrecision(Precision):
 
     @property
     def _row(self) -> PrecisionRow:
-        return precision_rows()[self.precision]
+        return registered(PrecisionRow)[self.precision]
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
