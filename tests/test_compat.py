@@ -25,6 +25,8 @@ from interlock.matrix.compat import (
     MAX_MARKDOWN_LINE,
     compute,
     environment_devices,
+    html_text,
+    markdown_text,
     reason_template,
     render_html,
     render_markdown,
@@ -615,13 +617,13 @@ def test_html_escapes_registered_text(odd_strategy: interlock.StrategySpec) -> N
 
 
 def test_html_escapes_reasons() -> None:
-    cell = compat._html_cell(compat.Outcome(ok=False, code="invalid-plugin",
+    cell = html_text.html_cell(compat.Outcome(ok=False, code="invalid-plugin",
                                             reason='<img src=x> & "q"'), "")
     assert "<img" not in cell and "&lt;img src=x&gt; &amp; &quot;q&quot;" in cell
 
 
 def test_markdown_notes_escape_reasons() -> None:
-    note = compat._md_note(compat.Note(number=1, code="invalid-plugin",
+    note = markdown_text.md_note(compat.Note(number=1, code="invalid-plugin",
                                        reason="a | b <i>*x*</i>"))
     assert "<i>" not in note and "*x*" not in note and "|" not in note
 
