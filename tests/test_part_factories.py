@@ -138,3 +138,52 @@ def test_the_engine_never_imports_a_factory() -> None:
         *PRECISIONS, *ACCELERATORS, *CLUSTERS, *LAUNCHERS)
     for row in rows:
         assert row.factory.startswith("interlock.strategies."), row
+
+
+def _build(kind: str, name: str) -> object:
+    """Build the part ``name`` of ``kind`` the way a strategy does."""
+    from interlock.strategies.accelerators import accelerator_for
+    from interlock.strategies.environments import LocalEnvironment, environment_for
+    from interlock.strategies.io import checkpoint_io_for
+    from interlock.strategies.launchers import launcher_for
+    from interlock.strategies.precision.from_row import plugin_from_row
+
+    builders: dict[str, Any] = {
+        "accelerator": accelerator_for,
+        "cluster environment": environment_for,
+        "checkpoint IO": checkpoint_io_for,
+        "launcher": lambda n: launcher_for(n, num_processes=2, num_nodes=1,
+                                           cluster=LocalEnvironment({})),
+        "precision": lambda n: plugin_from_row(n, "cpu"),
+    }
+    return builders[kind](name)
+
+
+@pytest.mark.parametrize(("kind", "typo", "meant"), [
+    ("accelerator", "cudaa", "cuda"),
+    ("cluster environment", "slurmm", "slurm"),
+    ("checkpoint IO", "torchh", "torch"),
+    ("launcher", "forkk", "fork"),
+    ("precision", "bf16-mixd", "bf16-mixed"),
+])
+def test_every_part_kind_refuses_an_unknown_name_alike(kind: str, typo: str,
+                                                        meant: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        _build(kind, typo)
+    message = str(refused.value)
+    assert message.startswith(f"unknown {kind} {typo!r}. Did you mean {meant!r}? Choices: ")
+    assert meant in message.partition("Choices: ")[2].rstrip(".").split(", ")
+
+
+def test_a_factory_of_another_kind_is_refused_naming_both() -> None:
+    from interlock.strategies.accelerators import Accelerator
+    from interlock.strategies.factories import part_class
+
+    with pytest.raises(TypeError) as refused:
+        part_class(LauncherRow, "fork", Accelerator)
+    assert str(refused.value) == (
+        "launcher 'fork': its factory interlock.strategies.launchers.multiprocessing:"
+        "MultiProcessingLauncher is not a subclass of "
+        "interlock.strategies.accelerators.base.Accelerator")
+    row, cls = part_class(LauncherRow, "fork", object)
+    assert row.name == "fork" and cls.__name__ == "MultiProcessingLauncher"

@@ -322,7 +322,7 @@ def _row_type_names() -> str:
     return ", ".join(ref.partition(":")[2] for k in KINDS.values() for ref in k.row_types)
 
 
-def _kind_of(row_type: object) -> RowKind:
+def kind_of(row_type: object) -> RowKind:
     """The kind whose rows have type ``row_type`` (or a base class of it)."""
     for cls in getattr(row_type, "__mro__", ()):
         reference = f"{cls.__module__}:{cls.__qualname__}"
@@ -350,7 +350,7 @@ def register(row: object, *, source: str = "register()") -> None:
             not registered, or its name is taken by another row of its kind.
     """
     try:
-        row_kind = _kind_of(type(row))
+        row_kind = kind_of(type(row))
     except RegistrationError:
         raise RegistrationError(f"cannot register {short_repr(row)} from {source}: expected "
                                 f"a {_row_type_names()}; got {type(row).__name__}") from None
@@ -368,7 +368,7 @@ def unregister(row_type: type, name: str) -> None:
             it (their refusals or plans would lose it): unregister those first.
     """
     global _version
-    row_kind = _kind_of(row_type)
+    row_kind = kind_of(row_type)
     _ensure_loaded()
     with _lock:
         if name in row_kind.builtin_names:
@@ -406,7 +406,7 @@ def registered(row_type: type[R]) -> Mapping[str, R]:
         RegistrationError: ``row_type`` is no kind of row, or is `StrategyPreset`
             (presets are kept as the specs they expand to: ask for `StrategySpec`).
     """
-    row_kind = _kind_of(row_type)
+    row_kind = kind_of(row_type)
     if getattr(row_type, "__qualname__", None) != row_kind.row_types[0].partition(":")[2]:
         kept = row_kind.row_types[0].partition(":")[2]
         raise RegistrationError(f"{row_type.__name__} rows are kept as {kept} rows: "

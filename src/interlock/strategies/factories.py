@@ -1,8 +1,65 @@
-"""Loading a part row's ``"package.module:Class"`` factory, the one way every part kind
-(precision, accelerator, cluster environment, launcher, checkpoint IO) becomes an object."""
+"""A part from its row: the one way every part kind (precision, accelerator, cluster
+environment, launcher, checkpoint IO) finds its row by name and loads the
+``"package.module:Class"`` its ``factory`` names."""
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar, cast
+
+from interlock.connector.registry import kind_of, registered
 from interlock.connector.registry import load_reference as load_part
 
-__all__ = ["load_part"]
+
+class PartRow(Protocol):
+    """What building a part reads of its row."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def factory(self) -> str: ...
+
+
+R = TypeVar("R", bound=PartRow)
+T = TypeVar("T")
+
+
+def row_named(row_type: type[R], name: str) -> R:
+    """The row of ``row_type``'s kind named ``name`` (built-in or registered).
+
+    Raises:
+        ValueError: no row of that kind has that name (naming a close match and the
+            choices).
+    """
+    rows = registered(row_type)
+    row = rows.get(name) if isinstance(name, str) else None
+    if row is None:
+        close = difflib.get_close_matches(str(name), list(rows), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown {kind_of(row_type).noun} {name!r}.{hint} "
+                         f"Choices: {', '.join(rows)}.")
+    return row
+
+
+def part_class(row_type: type[R], name: str, base: Callable[..., T]
+               ) -> tuple[R, type[T]]:
+    """The row named ``name`` and the class its factory names, a subclass of the class
+    ``base`` (typed as a callable: an abstract class is no ``type[T]`` to mypy).
+
+    Raises:
+        ValueError: no row of that kind has that name.
+        ImportError: the factory cannot be imported (naming what to install).
+        TypeError: the factory is not a subclass of ``base``.
+    """
+    row = row_named(row_type, name)
+    noun = kind_of(row_type).noun
+    cls: Any = load_part(noun, name, row.factory, getattr(row, "requires", ()))
+    if not (isinstance(cls, type) and isinstance(base, type) and issubclass(cls, base)):
+        raise TypeError(f"{noun} {name!r}: its factory {row.factory} is not a subclass of "
+                        f"{base.__module__}.{getattr(base, '__qualname__', base)}")
+    return row, cast("type[T]", cls)
+
+
+__all__ = ["PartRow", "load_part", "part_class", "row_named"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from interlock.connector.registry import registered
 from interlock.connector.tables import AcceleratorRow
 from interlock.strategies.accelerators.base import Accelerator
 from interlock.strategies.accelerators.cpu import CPUAccelerator
@@ -19,17 +18,9 @@ def accelerator_for(name: str) -> Accelerator:
         ValueError: no accelerator row has that name.
         TypeError: the row's factory is not an :class:`Accelerator` class.
     """
-    from interlock.strategies.factories import load_part
+    from interlock.strategies.factories import part_class
 
-    row = registered(AcceleratorRow).get(name)
-    if row is None:
-        raise ValueError(
-            f"no accelerator named {name!r}; known: {', '.join(registered(AcceleratorRow))}"
-        )
-    cls = load_part("accelerator", name, row.factory, row.requires)
-    if not (isinstance(cls, type) and issubclass(cls, Accelerator)):
-        raise TypeError(f"accelerator {name!r}: its factory {row.factory} is not a "
-                        "subclass of interlock.strategies.accelerators.Accelerator")
+    _, cls = part_class(AcceleratorRow, name, Accelerator)
     return cls()
 
 

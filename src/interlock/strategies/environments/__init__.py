@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 
 from interlock.connector.tables import ClusterRow
@@ -25,21 +24,9 @@ def environment_for(name: str, environ: Mapping[str, str] | None = None) -> Clus
     Raises:
         ValueError: ``name`` is not a cluster name the engine knows.
     """
-    from interlock.connector.registry import registered
-    from interlock.strategies.factories import load_part
+    from interlock.strategies.factories import part_class
 
-    rows = registered(ClusterRow)
-    row = rows.get(name)
-    if row is None:
-        close = difflib.get_close_matches(name, list(rows), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(
-            f"unknown cluster environment {name!r}.{hint} Choices: {', '.join(rows)}."
-        )
-    cls = load_part("cluster environment", name, row.factory)
-    if not (isinstance(cls, type) and issubclass(cls, ClusterEnvironment)):
-        raise TypeError(f"cluster environment {name!r}: its factory {row.factory} is not a "
-                        "subclass of interlock.strategies.environments.ClusterEnvironment")
+    _, cls = part_class(ClusterRow, name, ClusterEnvironment)
     return cls(environ)
 
 

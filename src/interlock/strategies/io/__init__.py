@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import difflib
-
-from interlock.connector.registry import registered
 from interlock.connector.tables import CheckpointIORow
-from interlock.strategies.factories import load_part
+from interlock.strategies.factories import load_part, row_named
 from interlock.strategies.io.base import CheckpointIO
 from interlock.strategies.io.errors import CheckpointLoadError
 from interlock.strategies.io.torch_io import TorchCheckpointIO
@@ -20,14 +17,7 @@ def checkpoint_io_for(name: str) -> CheckpointIO:
         ValueError: no checkpoint IO row has that name.
         ImportError: the row's factory cannot be imported (naming what to install).
     """
-    rows = registered(CheckpointIORow)
-    row = rows.get(name) if isinstance(name, str) else None
-    if row is None:
-        close = difflib.get_close_matches(str(name), list(rows), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(
-            f"unknown checkpoint IO {name!r}.{hint} Choices: {', '.join(rows)}."
-        )
+    row = row_named(CheckpointIORow, name)
     made = load_part("checkpoint IO", name, row.factory, row.requires)()
     if not isinstance(made, CheckpointIO):
         raise TypeError(f"checkpoint IO {name!r}: {row.factory} made a "

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from interlock.connector.registry import registered
 from interlock.connector.tables import LauncherRow
-from interlock.strategies.factories import load_part
+from interlock.strategies.factories import part_class, row_named
 from interlock.strategies.launchers import history
 from interlock.strategies.launchers.base import (
     ERROR_FILE_ENV,
@@ -57,15 +56,10 @@ def launcher_for(name: str | None, *, num_processes: int, num_nodes: int,
     """
     if name is None:
         return None
-    row = registered(LauncherRow).get(name)
-    if row is None:
-        raise ValueError(f"unknown launcher {name!r}; choose {', '.join(registered(LauncherRow))}")
+    row_named(LauncherRow, name)  # an unknown name is refused before anything else
     if name in ("subprocess", "external") and history.is_script_child():
         return SubprocessScriptLauncher(num_processes=num_processes)
-    cls = load_part("launcher", name, row.factory)
-    if not (isinstance(cls, type) and issubclass(cls, Launcher)):
-        raise TypeError(f"launcher {name!r}: its factory {row.factory} is not a subclass "
-                        "of interlock.strategies.launchers.Launcher")
+    row, cls = part_class(LauncherRow, name, Launcher)
     launcher = cls.for_job(row, num_processes=num_processes, num_nodes=num_nodes,
                            cluster=cluster)
     launcher.device_type = device_type

@@ -7,9 +7,8 @@ returns, so a registered precision reaches it unchanged.
 
 from __future__ import annotations
 
-from interlock.connector.registry import registered
 from interlock.connector.tables import PrecisionRow
-from interlock.strategies.factories import load_part
+from interlock.strategies.factories import part_class
 from interlock.strategies.precision.base import Precision
 
 
@@ -21,16 +20,5 @@ def plugin_from_row(name: str, device_type: str) -> Precision:
         TypeError: the row's factory is not a `Precision` subclass.
         ImportError: the factory cannot be imported (naming what to install).
     """
-    row = registered(PrecisionRow).get(name)
-    if row is None:
-        raise ValueError(
-            f"precision {name!r}: expected a canonical precision, one of "
-            f"{', '.join(map(repr, registered(PrecisionRow)))}"
-        )
-    cls = load_part("precision", name, row.factory, row.requires)
-    if not (isinstance(cls, type) and issubclass(cls, Precision)):
-        raise TypeError(
-            f"precision {name!r}: its factory {row.factory} is not a subclass of "
-            "interlock.strategies.precision.Precision"
-        )
+    _, cls = part_class(PrecisionRow, name, Precision)
     return cls.for_precision(name, device_type)
