@@ -21,11 +21,11 @@ from interlock.connector.rules import (
     Draft,
     Rule,
     Stage,
-    Written,
     always,
     audited,
     run_stage,
 )
+from interlock.connector.runner import Written
 from interlock.connector.stages import STAGES
 from interlock.connector.stages.accelerator import AcceleratorInput, choose_accelerator
 from interlock.connector.stages.devices import DevicesInput, place_devices
@@ -177,7 +177,8 @@ def test_stage_results_are_frozen_and_inputs_compare_by_what_rules_read() -> Non
     with pytest.raises(AttributeError):
         placed.parallel_devices = ()  # type: ignore[misc]
     choice = choose_accelerator(AcceleratorInput(machine=machine, parts=parts,
-                                                 requested="gpu"), Written(accelerator="GPU"))
+                                                 accelerator_flag="gpu"),
+                                Written(accelerator="GPU"))
     assert choice.name == "cuda" and "accelerator='GPU'" in choice.reason
 
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from interlock.connector.machine import Machine
 from interlock.connector.registry import current_parts, registered
-from interlock.connector.rules import Written
+from interlock.connector.runner import Written
 from interlock.connector.specs import StrategySpec
 from interlock.connector.stages.cluster import check_geometry
 from interlock.connector.stages.devices import DevicesInput

@@ -19,23 +19,10 @@ from interlock.connector.registry import (
     registered,
     registry_version,
 )
-from interlock.connector.rules import Written
+from interlock.connector.runner import Written, run_steps
 from interlock.connector.specs import StrategySpec
-from interlock.connector.stages import STAGES
-from interlock.connector.stages.accelerator import AcceleratorInput, choose_accelerator
-from interlock.connector.stages.cluster import ClusterInput, choose_cluster
-from interlock.connector.stages.devices import DevicesInput, place_devices
-from interlock.connector.stages.flags import plugin_kind, read_flags
-from interlock.connector.stages.memory import MemoryInput, estimate_memory
-from interlock.connector.stages.parallelism import (
-    ParallelismInput,
-    choose_parallelism,
-    given_degrees,
-)
-from interlock.connector.stages.plugins import PluginsInput, choose_plugins
-from interlock.connector.stages.precision import PrecisionInput, choose_precision
-from interlock.connector.stages.sizing import read_sizing
-from interlock.connector.stages.strategy import StrategyInput, choose_strategy
+from interlock.connector.stages import STAGES, STEPS
+from interlock.connector.stages.flags import plugin_kind, read_flags, seeds
 from interlock.connector.tables import (
     RESTART_BACKOFF_FACTOR,
     RESTART_BACKOFF_S,
@@ -512,95 +499,44 @@ def _as_flag(flag: str, choice: str) -> object:
 
 
 def _chain(machine: Machine, specs: Mapping[str, StrategySpec], written: Written) -> Plan:
-    """Run the stages in order, each on the results of those before it."""
+    """Read the flags, then run the stages in order, each on the facts before it."""
     parts = current_parts()
-    trace: tuple[TraceStep, ...] = ()
     try:
         flags = read_flags(written, specs=specs, parts=parts,
                            broken_entry_points=broken_entry_points("strategies"))
-        trace = flags.trace
-        sizing = read_sizing(written.model, written.optimizer, written.micro_batch_size,
-                             parts)
-        trace += sizing.trace
-        accelerator = choose_accelerator(AcceleratorInput(
-            machine=machine, parts=parts, requested=flags.accelerator), written)
-        trace += accelerator.trace
-        placement = place_devices(DevicesInput(
-            machine=machine, parts=parts, accelerator=accelerator.name,
-            devices=flags.devices, num_nodes=flags.num_nodes), written)
-        trace += placement.trace
-        cluster = choose_cluster(ClusterInput(
-            machine=machine, parts=parts, accelerator=accelerator.name,
-            devices=flags.devices, parallel_devices=placement.parallel_devices,
-            num_nodes=flags.num_nodes, plugin=flags.plugins.cluster_environment), written)
-        trace += cluster.trace
-        strategy = choose_strategy(StrategyInput(
-            machine=machine, parts=parts, specs=specs, requested=flags.strategy,
-            accelerator=accelerator.name, accelerator_reason=accelerator.reason,
-            devices=flags.devices, parallel_devices=cluster.parallel_devices,
-            num_nodes=flags.num_nodes, cluster=cluster.name,
-            cluster_external=cluster.external,
-            cluster_given=flags.plugins.cluster_environment is not None,
-            launcher=written.launcher), written)
-        trace += strategy.trace
-        precision = choose_precision(PrecisionInput(
-            machine=machine, parts=parts, accelerator=accelerator.name, spec=strategy.spec,
-            explicit=flags.strategy != "auto",
-            requested=flags.precision, plugin=flags.plugins.precision), written)
-        trace += precision.trace
-        legacy, legacy_source = given_degrees(strategy.spec, flags.strategy_instance)
-        layout = choose_parallelism(ParallelismInput(
-            parts=parts, specs=specs, spec=strategy.spec, accelerator=accelerator.name,
-            precision=precision.name, devices_per_node=len(strategy.parallel_devices),
-            num_nodes=flags.num_nodes, flag=written.parallelism, legacy=legacy,
-            legacy_source=legacy_source))
-        trace += layout.trace
-        plugins = choose_plugins(PluginsInput(
-            parts=parts, accelerator=accelerator.name,
-            checkpoint_io=flags.plugins.checkpoint_io))
-        trace += plugins.trace
-        memory = None
-        if sizing.shape is not None:
-            memory = estimate_memory(MemoryInput(
-                machine=machine, parts=parts, shape=sizing.shape,
-                optimizer=sizing.optimizer, micro_batch_size=sizing.micro_batch_size,
-                accelerator=accelerator.name, spec=strategy.spec, precision=precision.name,
-                degrees=layout.degrees, devices_per_node=len(strategy.parallel_devices)))
-            trace += memory.trace
+        facts = seeds(flags, machine=machine, parts=parts, specs=specs)
+        done = run_steps(STEPS, facts, written, trace=flags.trace)
     except ResolutionError as error:
-        error.trace = trace + error.trace
         if _PROBING[0]:
             raise
         if error.code in VOCABULARY_CODES:
             raise _choices_that_pass(error, machine, specs, written) from None
         if error.code == "insufficient-memory":
-            raise _choices_that_fit(error, machine, specs, written, strategy.spec,
-                                    flags.num_nodes, len(strategy.parallel_devices)) from None
+            raise _choices_that_fit(error, machine, specs, written, facts["spec"],
+                                    flags.num_nodes, len(facts["parallel_devices"])) from None
         raise
-    spec = strategy.spec
-    parallel_devices = strategy.parallel_devices
+    memory = facts.get("memory")
+    parallel_devices = facts["parallel_devices"]
     return Plan(
-        accelerator=accelerator.name,
-        strategy=spec.name,
-        precision=precision.name,
+        accelerator=facts["accelerator"],
+        strategy=facts["spec"].name,
+        precision=facts["precision"],
         parallel_devices=parallel_devices,
         num_nodes=flags.num_nodes,
         world_size=len(parallel_devices) * flags.num_nodes,
-        launcher=strategy.launcher,
-        cluster_environment=strategy.cluster_environment,
-        checkpoint_io=plugins.checkpoint_io,
-        notes=(*flags.notes, *sizing.notes, *accelerator.notes, *placement.notes,
-               *cluster.notes, *strategy.notes, *precision.notes, *layout.notes,
-               *plugins.notes, *(memory.notes if memory is not None else ())),
-        parallelism=layout.degrees,
-        mesh=layout.mesh,
-        trace=trace,
-        spec=spec,
+        launcher=facts["launcher"],
+        cluster_environment=facts["cluster_environment"],
+        checkpoint_io=facts["checkpoint_io"],
+        notes=(*flags.notes, *done.notes),
+        parallelism=facts["degrees"],
+        mesh=facts["mesh"],
+        trace=done.trace,
+        spec=facts["spec"],
         plugins=flags.plugins.given(),
         strategy_instance=flags.strategy_instance,
         accelerator_instance=flags.accelerator_instance,
         machine=machine,
-        memory=memory.estimate if memory is not None else None,
-        model=sizing.shape if memory is not None else None,
-        optimizer=memory.optimizer if memory is not None else None,
+        memory=memory,
+        model=facts["shape"] if memory is not None else None,
+        optimizer=facts["memory_optimizer"] if memory is not None else None,
     )

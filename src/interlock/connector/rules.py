@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
-from typing import ClassVar, Generic, Literal, NamedTuple, NoReturn, TypeVar
+from typing import ClassVar, Generic, Literal, NoReturn, TypeVar
 
 from interlock.connector.errors import ResolutionError
 from interlock.connector.part_tables import PartTables
@@ -62,28 +62,6 @@ class Plugins:
             p for p in (self.precision, self.checkpoint_io, self.cluster_environment)
             if p is not None
         )
-
-
-class Written(NamedTuple):
-    """The flags exactly as the caller wrote them, kept only to quote them in reasons,
-    notes and refusals. Stage functions take it beside their input, so the input holds
-    only what the rules decide from: two spellings of one parsed value are one input."""
-
-    accelerator: object = None
-    devices: object = None
-    strategy: object = None
-    precision: object = None
-    num_nodes: object = None
-    plugins: object = None
-    parallelism: object = None
-    model: object = None
-    optimizer: object = None
-    micro_batch_size: object = None
-    launcher: object = None
-
-
-#: No flags written (a stage run from parsed values only, as the matrix does).
-NOT_WRITTEN = Written()
 
 
 @dataclass(slots=True, kw_only=True)

@@ -1,15 +1,11 @@
-"""Resolve every cell of the matrix, fast, with the engine's own stage functions.
+"""Resolve every cell of the matrix, fast, with the engine's own stage runner.
 
-Calling `plan()` per cell would take minutes. Each stage depends on few inputs: the
-flags stage on each flag alone; the accelerator, devices and cluster stages on
-(accelerator, devices, num_nodes); the strategy stage on those plus the strategy; the
-precision, parallelism and plugins stages on (accelerator, strategy row, precision,
-processes per node, num_nodes). The sizing and memory stages have nothing to decide
-without a model, which no cell gives. So each stage
-function of `interlock.connector.stages` runs once per distinct input (memoised by the
-parsed values its input declares), and a cell's outcome is the first refusal in the
-engine's order, or the plan assembled from the stages' results. A test compares this
-with `plan()` cell by cell.
+Calling `plan()` per cell would take minutes. The matrix reads each flag once
+(`read_flag`), then runs the same steps `plan()` runs (`interlock.connector.stages.STEPS`)
+through `run_memoised`: each stage runs once per distinct value of the facts it
+declares it reads, across the whole profile, and a cell's outcome is the first refusal
+in the engine's order, or the plan's summary. The sizing and memory stages have nothing
+to decide without a model, which no cell gives.
 """
 
 from __future__ import annotations
@@ -20,19 +16,10 @@ from dataclasses import dataclass
 from interlock.connector.errors import ResolutionError
 from interlock.connector.planner import Plan
 from interlock.connector.registry import current_parts, registered
+from interlock.connector.runner import Memo, run_memoised
 from interlock.connector.specs import StrategySpec
-from interlock.connector.stages.accelerator import AcceleratorInput, choose_accelerator
-from interlock.connector.stages.cluster import ClusterChoice, ClusterInput, choose_cluster
-from interlock.connector.stages.devices import DevicesInput, place_devices
-from interlock.connector.stages.flags import Flags, OneFlag, read_flag
-from interlock.connector.stages.parallelism import (
-    ParallelismInput,
-    choose_parallelism,
-    given_degrees,
-)
-from interlock.connector.stages.plugins import PluginsInput, choose_plugins
-from interlock.connector.stages.precision import PrecisionInput, choose_precision
-from interlock.connector.stages.strategy import StrategyChoice, StrategyInput, choose_strategy
+from interlock.connector.stages import STEPS
+from interlock.connector.stages.flags import Flags, OneFlag, read_flag, seeds
 from interlock.matrix.profiles import Profile
 from interlock.matrix.space import FLAG_SPACE, FlagSpace
 
@@ -67,8 +54,13 @@ def outcome_of(result: Plan | ResolutionError) -> str:
     """
     if isinstance(result, ResolutionError):
         return f"{result.code} {result.flag}"
-    return (f"ok {result.strategy} {result.launcher or '-'} {result.cluster_environment} "
-            f"{result.world_size} {result.precision}")
+    return _resolved(result.strategy, result.launcher, result.cluster_environment,
+                     result.world_size, result.precision)
+
+
+def _resolved(strategy: str, launcher: str | None, cluster: str, world_size: int,
+              precision: str) -> str:
+    return f"ok {strategy} {launcher or '-'} {cluster} {world_size} {precision}"
 
 
 def evaluate(profile: Profile, space: FlagSpace = FLAG_SPACE) -> Iterator[tuple[Cell, str]]:
@@ -84,88 +76,27 @@ def evaluate(profile: Profile, space: FlagSpace = FLAG_SPACE) -> Iterator[tuple[
         except ResolutionError as error:
             return outcome_of(error)
 
-    parsed_accelerator = {a: parse("accelerator", a) for a in space.accelerators}
+    parsed_accelerator = [parse("accelerator", a) for a in space.accelerators]
     parsed_devices = [parse("devices", d) for d in space.devices]
-    parsed_strategy = {s: parse("strategy", s) for s in strategies}
+    parsed_strategy = [parse("strategy", s) for s in strategies]
     parsed_precision = [parse("precision", p) for p in space.precisions]
-    parsed_nodes = {n: parse("num_nodes", n) for n in space.num_nodes}
+    parsed_nodes = [parse("num_nodes", n) for n in space.num_nodes]
+    shown_devices = [show(d) for d in space.devices]
+    shown_precisions = [show(p) for p in space.precisions]
+    # the seeds with every flag at its parsed default; each cell sets the five the
+    # space spans
+    base = seeds(read_flag("num_nodes", 1, specs=specs, parts=parts), machine=machine,
+                 parts=parts, specs=specs)
+    memo: Memo = {}
+    refusals: dict[int, str] = {}  # a refusal's outcome, by the shared error's id
 
-    # each memo is keyed by the parsed values the stage's input declares
-    placed: dict[tuple[object, ...], tuple[str, ClusterChoice] | str] = {}
-    chosen: dict[tuple[object, ...], StrategyChoice | str] = {}
-    checked: dict[tuple[object, ...], str] = {}
-
-    # each runs on a memo miss only: the loop below looks the memos up itself (a
-    # function call per cell would cost more than the lookup)
-    def place(key: tuple[object, ...], a: Flags, d: Flags,
-              n: Flags) -> tuple[str, ClusterChoice] | str:
-        if key not in placed:
-            try:
-                accelerator = choose_accelerator(AcceleratorInput(
-                    machine=machine, parts=parts, requested=a.accelerator))
-                placement = place_devices(DevicesInput(
-                    machine=machine, parts=parts, accelerator=accelerator.name,
-                    devices=d.devices, num_nodes=n.num_nodes))
-                cluster = choose_cluster(ClusterInput(
-                    machine=machine, parts=parts, accelerator=accelerator.name,
-                    devices=d.devices, parallel_devices=placement.parallel_devices,
-                    num_nodes=n.num_nodes))
-                placed[key] = (accelerator.name, cluster)
-            except ResolutionError as error:
-                placed[key] = outcome_of(error)
-        return placed[key]
-
-    def choose(key: tuple[object, ...], base: tuple[str, ClusterChoice], d: Flags, n: Flags,
-               s: Flags) -> StrategyChoice | str:
-        accelerator, cluster = base
-        if key not in chosen:
-            try:
-                chosen[key] = choose_strategy(StrategyInput(
-                    machine=machine, parts=parts, specs=specs, requested=s.strategy,
-                    accelerator=accelerator, devices=d.devices,
-                    parallel_devices=cluster.parallel_devices, num_nodes=n.num_nodes,
-                    cluster=cluster.name, cluster_external=cluster.external,
-                    accelerator_reason=""))
-            except ResolutionError as error:
-                chosen[key] = outcome_of(error)
-        return chosen[key]
-
-    def check(key: tuple[object, ...], accelerator: str, choice: StrategyChoice,
-              cluster: ClusterChoice, s: Flags, p: Flags, n: Flags) -> str:
-        spec = choice.spec
-        explicit = s.strategy != "auto"
-        if key not in checked:
-            try:
-                precision = choose_precision(PrecisionInput(
-                    machine=machine, parts=parts, accelerator=accelerator, spec=spec,
-                    explicit=explicit, requested=p.precision))
-                legacy, legacy_source = given_degrees(spec)
-                choose_parallelism(ParallelismInput(
-                    parts=parts, specs=specs, spec=spec, accelerator=accelerator,
-                    precision=precision.name,
-                    devices_per_node=len(choice.parallel_devices), num_nodes=n.num_nodes,
-                    legacy=legacy, legacy_source=legacy_source))
-                choose_plugins(PluginsInput(parts=parts, accelerator=accelerator))
-                world_size = len(choice.parallel_devices) * n.num_nodes
-                checked[key] = (f"ok {spec.name} {choice.launcher or '-'} "
-                                f"{choice.cluster_environment} "
-                                f"{world_size} {precision.name}")
-            except ResolutionError as error:
-                checked[key] = outcome_of(error)
-        return checked[key]
-
-    for accelerator in space.accelerators:
-        a = parsed_accelerator[accelerator]
-        for strategy in strategies:
-            s = parsed_strategy[strategy]
-            for p_index, precision in enumerate(space.precisions):
-                p = parsed_precision[p_index]
-                for d_index, devices in enumerate(space.devices):
-                    d = parsed_devices[d_index]
-                    for nodes in space.num_nodes:
-                        n = parsed_nodes[nodes]
-                        cell = Cell(profile.name, accelerator, show(devices), strategy,
-                                    show(precision), nodes)
+    for accelerator, a in zip(space.accelerators, parsed_accelerator, strict=True):
+        for strategy, s in zip(strategies, parsed_strategy, strict=True):
+            for precision, p in zip(shown_precisions, parsed_precision, strict=True):
+                for devices, d in zip(shown_devices, parsed_devices, strict=True):
+                    for nodes, n in zip(space.num_nodes, parsed_nodes, strict=True):
+                        cell = Cell(profile.name, accelerator, devices, strategy, precision,
+                                    nodes)
                         # the first refusal in the flags stage's order
                         first = next((f for f in (a, d, s, p, n) if isinstance(f, str)), None)
                         if first is not None:
@@ -174,18 +105,20 @@ def evaluate(profile: Profile, space: FlagSpace = FLAG_SPACE) -> Iterator[tuple[
                         assert not isinstance(a, str) and not isinstance(d, str)
                         assert not isinstance(s, str) and not isinstance(p, str)
                         assert not isinstance(n, str)
-                        key: tuple[object, ...] = (a.accelerator, d.devices, n.num_nodes)
-                        base = placed.get(key) or place(key, a, d, n)
-                        if isinstance(base, str):
-                            yield cell, base
-                            continue
-                        key = (*key, s.strategy)
-                        choice = chosen.get(key) or choose(key, base, d, n, s)
-                        if isinstance(choice, str):
-                            yield cell, choice
-                            continue
-                        key = (base[0], choice.spec.name, s.strategy != "auto", p.precision,
-                               choice.launcher, base[1].name, len(choice.parallel_devices),
-                               n.num_nodes)
-                        yield cell, checked.get(key) or check(key, base[0], choice, base[1],
-                                                              s, p, n)
+                        facts = base.copy()
+                        facts.update({"accelerator_flag": a.accelerator,
+                                      "devices": d.devices, "strategy_flag": s.strategy,
+                                      "precision_flag": p.precision,
+                                      "num_nodes": n.num_nodes})
+                        refused = run_memoised(STEPS, facts, memo)
+                        if refused is None:
+                            yield cell, _resolved(
+                                facts["spec"].name, facts["launcher"],
+                                facts["cluster_environment"],
+                                len(facts["parallel_devices"]) * n.num_nodes,
+                                facts["precision"])
+                        else:
+                            known = refusals.get(id(refused))
+                            if known is None:
+                                known = refusals[id(refused)] = outcome_of(refused)
+                            yield cell, known

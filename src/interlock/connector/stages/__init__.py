@@ -3,9 +3,9 @@
 Each module holds one stage's rules as named rows and one pure function from a frozen
 input to a frozen result (or a `ResolutionError`):
 
-- flags: `flags.read_flags`, `rules.Written` to `flags.Flags`;
-- sizing: `sizing.read_sizing`, the model, optimizer and micro-batch flags to
-  `sizing.Sizing` (only when one of them is given);
+- flags: `flags.read_flags`, `runner.Written` to `flags.Flags`;
+- sizing: `sizing.read_sizing`, `sizing.SizingInput` (the model, optimizer and
+  micro-batch flags) to `sizing.Sizing` (which decides nothing unless one is given);
 - accelerator: `accelerator.choose_accelerator`, `accelerator.AcceleratorInput` to
   `accelerator.AcceleratorChoice`;
 - devices: `devices.place_devices`, `devices.DevicesInput` to `devices.Placement`;
@@ -20,14 +20,29 @@ input to a frozen result (or a `ResolutionError`):
 - memory: `memory.estimate_memory`, `memory.MemoryInput` to `memory.MemoryChoice` (only
   when a model's shape is given).
 
-`interlock.connector.planner.plan` chains them; `interlock.matrix.evaluate` calls the
-same functions, memoised by their inputs (which compare by what the rules decide from,
-never by the flags' spelling, kept only to quote).
+Each module but flags also declares its `runner.Step`: its function, its input (whose
+field names are the facts it reads) and the facts it writes; `flags.seeds` hands the
+parsed flags on. `STEPS` lists them in order; `interlock.connector.runner` runs
+them, once per call for `interlock.connector.planner.plan` and memoised by what each
+step reads for `interlock.matrix.evaluate` (the flags as parsed, never their spelling,
+which is kept only to quote).
 """
 
 from typing import Any
 
 from interlock.connector.rules import Stage
+from interlock.connector.runner import Step, check_steps
+from interlock.connector.stages import (
+    accelerator,
+    cluster,
+    devices,
+    memory,
+    parallelism,
+    plugins,
+    precision,
+    sizing,
+    strategy,
+)
 from interlock.connector.stages.accelerator import ACCELERATOR_STAGE
 from interlock.connector.stages.cluster import CLUSTER_STAGE
 from interlock.connector.stages.devices import DEVICES_STAGE
@@ -53,4 +68,17 @@ STAGES: tuple[Stage[Any], ...] = (
     MEMORY_STAGE,
 )
 
-__all__ = ["STAGES"]
+#: The stages after flags as the runner runs them, in the same order.
+STEPS: tuple[Step, ...] = check_steps((
+    sizing.STEP,
+    accelerator.STEP,
+    devices.STEP,
+    cluster.STEP,
+    strategy.STEP,
+    precision.STEP,
+    parallelism.STEP,
+    plugins.STEP,
+    memory.STEP,
+))
+
+__all__ = ["STAGES", "STEPS"]

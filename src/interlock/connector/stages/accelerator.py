@@ -10,17 +10,8 @@ from typing import ClassVar, NamedTuple
 
 from interlock.connector.machine import Machine
 from interlock.connector.part_tables import PartTables
-from interlock.connector.rules import (
-    NOT_WRITTEN,
-    Decision,
-    Draft,
-    Rule,
-    Stage,
-    Written,
-    always,
-    refuse,
-    run_stage,
-)
+from interlock.connector.rules import Decision, Draft, Rule, Stage, always, refuse, run_stage
+from interlock.connector.runner import NOT_WRITTEN, Step, Written
 from interlock.connector.tables import (
     ACCELERATOR_CHOOSERS,
     EXTRA_DEVICES_FACT,
@@ -35,12 +26,13 @@ class AcceleratorInput(NamedTuple):
     Attributes:
         machine: the machine planned for.
         parts: the registry's snapshot.
-        requested: the accelerator flag as read (a canonical name, ``"auto"``, ``"gpu"``).
+        accelerator_flag: the accelerator flag as read (a canonical name, ``"auto"``,
+            ``"gpu"``).
     """
 
     machine: Machine
     parts: PartTables
-    requested: str
+    accelerator_flag: str
 
 
 class AcceleratorChoice(NamedTuple):
@@ -259,8 +251,12 @@ def choose_accelerator(
             'gpu' finds no device.
     """
     draft = AcceleratorDraft(machine=inputs.machine, parts=inputs.parts,
-                             accelerator_input=inputs.requested,
+                             accelerator_input=inputs.accelerator_flag,
                              accelerator_flag=written.accelerator)
     trace = run_stage(ACCELERATOR_STAGE, draft, inputs.parts)
     return AcceleratorChoice(name=draft.accelerator, reason=draft.accelerator_reason,
                              notes=tuple(draft.notes), trace=trace)
+
+
+STEP = Step("accelerator", choose_accelerator, AcceleratorInput,
+            writes={"name": "accelerator", "reason": "accelerator_reason"})

@@ -16,19 +16,18 @@ from interlock.connector.machine import Machine
 from interlock.connector.part_tables import PartTables
 from interlock.connector.registry import current_parts
 from interlock.connector.rules import (
-    NOT_WRITTEN,
     Decision,
     DevicesRequest,
     PlacedDraft,
     Rule,
     Stage,
-    Written,
     always,
     devices_as_placed,
     refuse,
     run_decision,
     run_stage,
 )
+from interlock.connector.runner import NOT_WRITTEN, Step, Written
 from interlock.connector.stages.accelerator import devices_on
 from interlock.connector.stages.devices import indexed
 from interlock.connector.tables import (
@@ -54,7 +53,7 @@ class ClusterInput(NamedTuple):
         devices: the devices request (``auto`` may follow the cluster's count).
         parallel_devices: the devices placed on one node.
         num_nodes: the node count.
-        plugin: the cluster environment plugin given, if any.
+        cluster_plugin: the cluster environment plugin given, if any.
     """
 
     machine: Machine
@@ -63,7 +62,7 @@ class ClusterInput(NamedTuple):
     devices: DevicesRequest
     parallel_devices: tuple[str, ...]
     num_nodes: int
-    plugin: object | None = None
+    cluster_plugin: object | None = None
 
 
 class ClusterChoice(NamedTuple):
@@ -713,7 +712,7 @@ def choose_cluster(inputs: ClusterInput, written: Written = NOT_WRITTEN) -> Clus
     draft = ClusterDraft(machine=inputs.machine, parts=inputs.parts,
                          accelerator=inputs.accelerator, devices=inputs.devices,
                          parallel_devices=inputs.parallel_devices, num_nodes=inputs.num_nodes,
-                         cluster_plugin=inputs.plugin, devices_flag=written.devices,
+                         cluster_plugin=inputs.cluster_plugin, devices_flag=written.devices,
                          num_nodes_flag=written.num_nodes)
     trace = run_stage(CLUSTER_STAGE, draft, inputs.parts)
     return ClusterChoice(name=draft.cluster, row=draft.cluster_row,
@@ -748,3 +747,8 @@ def check_geometry(
         cluster=row.name, cluster_row=row, cluster_external=row.external,
     )
     run_decision(CLUSTER_STAGE.name, CLUSTER_CHECK, draft, parts, [])
+
+
+STEP = Step("cluster", choose_cluster, ClusterInput,
+            writes={"name": "cluster", "external": "cluster_external",
+                    "parallel_devices": "parallel_devices"})

@@ -18,17 +18,16 @@ from interlock.connector.limits import (
 from interlock.connector.machine import Machine
 from interlock.connector.part_tables import PartTables
 from interlock.connector.rules import (
-    NOT_WRITTEN,
     Decision,
     DevicesRequest,
     PlacedDraft,
     Rule,
     Stage,
-    Written,
     always,
     refuse,
     run_stage,
 )
+from interlock.connector.runner import NOT_WRITTEN, Step, Written
 from interlock.connector.stages.accelerator import devices_on, machine_fact
 from interlock.connector.trace import TraceStep
 
@@ -412,3 +411,7 @@ def place_devices(inputs: DevicesInput, written: Written = NOT_WRITTEN) -> Place
     trace = run_stage(DEVICES_STAGE, draft, inputs.parts)
     return Placement(parallel_devices=draft.parallel_devices, notes=tuple(draft.notes),
                      trace=trace)
+
+
+STEP = Step("devices", place_devices, DevicesInput,
+            writes={"parallel_devices": "parallel_devices"})

@@ -31,6 +31,7 @@ from interlock.connector.optimizers import DEFAULT_OPTIMIZER, OptimizerRow
 from interlock.connector.parallelism import Parallelism
 from interlock.connector.part_tables import PartTables
 from interlock.connector.rules import Decision, Draft, Rule, Stage, always, refuse, run_stage
+from interlock.connector.runner import Step
 from interlock.connector.specs import StrategySpec
 from interlock.connector.trace import TraceStep
 
@@ -48,7 +49,7 @@ class MemoryInput(NamedTuple):
         spec: the chosen strategy's row (its memory traits).
         precision: the chosen precision.
         degrees: the plan's degrees of parallelism.
-        devices_per_node: ranks on one node.
+        parallel_devices: the devices of one node (a rank each).
     """
 
     machine: Machine
@@ -60,7 +61,7 @@ class MemoryInput(NamedTuple):
     spec: StrategySpec
     precision: str
     degrees: Parallelism
-    devices_per_node: int
+    parallel_devices: tuple[str, ...]
 
 
 class MemoryChoice(NamedTuple):
@@ -412,8 +413,12 @@ def estimate_memory(inputs: MemoryInput) -> MemoryChoice:
                         micro_batch_size=inputs.micro_batch_size,
                         accelerator=inputs.accelerator, spec=inputs.spec,
                         precision=inputs.precision, degrees=inputs.degrees,
-                        devices_per_node=inputs.devices_per_node)
+                        devices_per_node=len(inputs.parallel_devices))
     trace = run_stage(MEMORY_STAGE, draft, inputs.parts)
     assert draft.estimate is not None and draft.optimizer is not None  # always set
     return MemoryChoice(estimate=draft.estimate, optimizer=draft.optimizer.name,
                         notes=tuple(draft.notes), trace=trace)
+
+
+STEP = Step("memory", estimate_memory, MemoryInput,
+            writes={"estimate": "memory", "optimizer": "memory_optimizer"}, when="shape")

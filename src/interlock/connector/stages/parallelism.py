@@ -30,6 +30,7 @@ from interlock.connector.rules import (
     refuse,
     run_stage,
 )
+from interlock.connector.runner import Step
 from interlock.connector.specs import StrategySpec
 from interlock.connector.tables import (
     CONTEXT_PARALLEL_ACCELERATORS,
@@ -50,12 +51,11 @@ class ParallelismInput(NamedTuple):
         spec: the chosen strategy's row.
         accelerator: the chosen accelerator.
         precision: the chosen precision.
-        devices_per_node: processes on one node.
+        parallel_devices: the devices of one node (a process each).
         num_nodes: the node count.
-        flag: the ``parallelism=`` flag as written; None when not given.
-        legacy: a strategy's older degree options (`LEGACY_DEGREE_OPTIONS` keys) as
-            given, from a strategy instance or the row's options.
-        legacy_source: who gave ``legacy``, in words.
+        parallelism_flag: the ``parallelism=`` flag as written; None when not given.
+        strategy_instance: the Strategy object given, if any (its older degree
+            options, `given_degrees`, come before the row's).
     """
 
     parts: PartTables
@@ -63,11 +63,10 @@ class ParallelismInput(NamedTuple):
     spec: StrategySpec
     accelerator: str
     precision: str
-    devices_per_node: int
+    parallel_devices: tuple[str, ...]
     num_nodes: int
-    flag: object = None
-    legacy: Mapping[str, object] = {}
-    legacy_source: str = ""
+    parallelism_flag: object = None
+    strategy_instance: object = None
 
 
 class ParallelismChoice(NamedTuple):
@@ -515,13 +514,18 @@ def choose_parallelism(inputs: ParallelismInput) -> ParallelismChoice:
         ResolutionError: ``invalid-parallelism``, ``unsupported-parallelism``,
             ``unsupported-precision`` or ``conflicting-flags``.
     """
+    legacy, legacy_source = given_degrees(inputs.spec, inputs.strategy_instance)
     draft = ParallelismDraft(
         specs=inputs.specs, spec=inputs.spec, accelerator=inputs.accelerator,
-        precision=inputs.precision, devices_per_node=inputs.devices_per_node,
-        num_nodes=inputs.num_nodes, flag=inputs.flag, legacy=inputs.legacy,
-        legacy_source=inputs.legacy_source,
+        precision=inputs.precision, devices_per_node=len(inputs.parallel_devices),
+        num_nodes=inputs.num_nodes, flag=inputs.parallelism_flag, legacy=legacy,
+        legacy_source=legacy_source,
     )
     trace = run_stage(PARALLELISM_STAGE, draft, inputs.parts)
     degrees = _resolved(draft)
     return ParallelismChoice(degrees=degrees, mesh=MeshLayout.of(degrees),
                              notes=tuple(draft.notes), trace=trace)
+
+
+STEP = Step("parallelism", choose_parallelism, ParallelismInput,
+            writes={"degrees": "degrees", "mesh": "mesh"})

@@ -10,6 +10,7 @@ from typing import ClassVar, NamedTuple
 
 from interlock.connector.part_tables import PartTables
 from interlock.connector.rules import Decision, Draft, Rule, Stage, always, run_stage
+from interlock.connector.runner import Step
 from interlock.connector.tables import CHECKPOINT_IOS, CheckpointIORow
 from interlock.connector.trace import TraceStep
 
@@ -20,7 +21,7 @@ class PluginsInput(NamedTuple):
 
     parts: PartTables
     accelerator: str
-    checkpoint_io: object | None = None
+    checkpoint_io_plugin: object | None = None
 
 
 class PluginsChoice(NamedTuple):
@@ -118,7 +119,11 @@ PLUGINS_STAGE = Stage(
 def choose_plugins(inputs: PluginsInput) -> PluginsChoice:
     """The plugins stage."""
     draft = PluginsDraft(parts=inputs.parts, accelerator=inputs.accelerator,
-                         checkpoint_io_plugin=inputs.checkpoint_io)
+                         checkpoint_io_plugin=inputs.checkpoint_io_plugin)
     trace = run_stage(PLUGINS_STAGE, draft, inputs.parts)
     return PluginsChoice(checkpoint_io=draft.checkpoint_io, notes=tuple(draft.notes),
                          trace=trace)
+
+
+STEP = Step("plugins", choose_plugins, PluginsInput,
+            writes={"checkpoint_io": "checkpoint_io"})

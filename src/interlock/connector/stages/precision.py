@@ -11,17 +11,8 @@ from typing import ClassVar, NamedTuple
 
 from interlock.connector.machine import Machine
 from interlock.connector.part_tables import PartTables
-from interlock.connector.rules import (
-    NOT_WRITTEN,
-    Decision,
-    Draft,
-    Rule,
-    Stage,
-    Written,
-    always,
-    refuse,
-    run_stage,
-)
+from interlock.connector.rules import Decision, Draft, Rule, Stage, always, refuse, run_stage
+from interlock.connector.runner import NOT_WRITTEN, Step, Written
 from interlock.connector.specs import StrategySpec
 from interlock.connector.trace import TraceStep
 
@@ -34,18 +25,18 @@ class PrecisionInput(NamedTuple):
         parts: the registry's snapshot.
         accelerator: the chosen accelerator.
         spec: the chosen strategy's row.
-        explicit: whether the strategy was asked for by name (else 'auto' chose it).
-        requested: the precision flag as read (a canonical name).
-        plugin: the precision plugin given, if any.
+        strategy_flag: the strategy flag as read (a name asked for, or ``"auto"``).
+        precision_flag: the precision flag as read (a canonical name).
+        precision_plugin: the precision plugin given, if any.
     """
 
     machine: Machine
     parts: PartTables
     accelerator: str
     spec: StrategySpec
-    explicit: bool
-    requested: str
-    plugin: object | None = None
+    strategy_flag: str
+    precision_flag: str
+    precision_plugin: object | None = None
 
 
 class PrecisionChoice(NamedTuple):
@@ -243,9 +234,13 @@ def choose_precision(inputs: PrecisionInput, written: Written = NOT_WRITTEN) -> 
     """
     draft = PrecisionDraft(machine=inputs.machine, parts=inputs.parts,
                            accelerator=inputs.accelerator, chosen_spec=inputs.spec,
-                           explicit=inputs.explicit,
-                           precision_input=inputs.requested, precision_plugin=inputs.plugin,
+                           explicit=inputs.strategy_flag != "auto",
+                           precision_input=inputs.precision_flag,
+                           precision_plugin=inputs.precision_plugin,
                            precision_flag=written.precision,
                            plugins_flag=written.plugins)
     trace = run_stage(PRECISION_STAGE, draft, inputs.parts)
     return PrecisionChoice(name=draft.precision, notes=tuple(draft.notes), trace=trace)
+
+
+STEP = Step("precision", choose_precision, PrecisionInput, writes={"name": "precision"})

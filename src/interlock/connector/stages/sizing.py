@@ -17,10 +17,21 @@ from interlock.connector.limits import short_repr
 from interlock.connector.model import ModelShape
 from interlock.connector.part_tables import PartTables
 from interlock.connector.rules import Decision, Draft, Rule, Stage, always, refuse, run_stage
+from interlock.connector.runner import Step
 from interlock.connector.trace import TraceStep
 
 #: the largest micro-batch accepted (samples per rank per forward)
 MAX_MICRO_BATCH = 1 << 30
+
+
+class SizingInput(NamedTuple):
+    """What the sizing stage reads: the registry's snapshot (its optimizer rows) and
+    the model, optimizer and micro-batch flags as written."""
+
+    parts: PartTables
+    model_flag: object = None
+    optimizer_flag: object = None
+    micro_batch_size_flag: object = None
 
 
 class Sizing(NamedTuple):
@@ -151,20 +162,26 @@ SIZING_STAGE: Stage[SizingDraft] = Stage(
 )
 
 
-def read_sizing(model: object, optimizer: object, micro_batch_size: object,
-                parts: PartTables) -> Sizing:
+def read_sizing(inputs: SizingInput) -> Sizing:
     """The sizing stage, when any of its flags is given; `NOT_SIZED` otherwise.
 
     Raises:
         ResolutionError: ``invalid-model`` (a model that is not a `ModelShape`, a
             micro-batch that is not an int from 1) or ``unknown-optimizer``.
     """
+    model, optimizer, micro_batch_size = (inputs.model_flag, inputs.optimizer_flag,
+                                          inputs.micro_batch_size_flag)
     if model is None and optimizer is None and micro_batch_size is None:
         return NOT_SIZED
     draft = SizingDraft(model=model, optimizer=optimizer, micro_batch_size=micro_batch_size,
-                        optimizers=parts.optimizers)
-    trace = run_stage(SIZING_STAGE, draft, parts)
+                        optimizers=inputs.parts.optimizers)
+    trace = run_stage(SIZING_STAGE, draft, inputs.parts)
     return Sizing(shape=model if isinstance(model, ModelShape) else None,
                   optimizer=optimizer if isinstance(optimizer, str) else None,
                   micro_batch_size=micro_batch_size if isinstance(micro_batch_size, int)
                   else None, notes=tuple(draft.notes), trace=trace)
+
+
+STEP = Step("sizing", read_sizing, SizingInput,
+            writes={"shape": "shape", "optimizer": "optimizer",
+                    "micro_batch_size": "micro_batch_size"})

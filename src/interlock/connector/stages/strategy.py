@@ -14,18 +14,17 @@ from interlock.connector.errors import did_you_mean
 from interlock.connector.machine import Machine
 from interlock.connector.part_tables import PartTables
 from interlock.connector.rules import (
-    NOT_WRITTEN,
     Decision,
     DevicesRequest,
     PlacedDraft,
     Rule,
     Stage,
-    Written,
     always,
     devices_as_placed,
     refuse,
     run_stage,
 )
+from interlock.connector.runner import NOT_WRITTEN, Step, Written
 from interlock.connector.specs import StrategySpec, with_launcher
 from interlock.connector.tables import LauncherRow
 from interlock.connector.trace import TraceStep
@@ -39,7 +38,7 @@ class StrategyInput(NamedTuple):
         parts: the registry's snapshot.
         specs: the registered strategies (a mapping: this input is not hashable; a memo
             of this stage keys it by the other fields, within one registry version).
-        requested: ``"auto"`` or the registered name asked for.
+        strategy_flag: ``"auto"`` or the registered name asked for.
         accelerator: the chosen accelerator.
         accelerator_reason: why, in words (quoted in refusals).
         devices: the devices request.
@@ -47,15 +46,15 @@ class StrategyInput(NamedTuple):
         num_nodes: the node count.
         cluster: the cluster environment's name.
         cluster_external: whether the cluster creates the processes.
-        cluster_given: whether the cluster environment is a plugin the caller gave.
-        launcher: the launcher flag as given (None or ``"auto"``: the strategy's own);
+        cluster_plugin: the cluster environment plugin the caller gave, if any.
+        launcher_flag: the launcher flag as given (None or ``"auto"``: the strategy's own);
             read here, where the launcher is decided.
     """
 
     machine: Machine
     parts: PartTables
     specs: Mapping[str, StrategySpec]
-    requested: str
+    strategy_flag: str
     accelerator: str
     accelerator_reason: str
     devices: DevicesRequest
@@ -63,8 +62,8 @@ class StrategyInput(NamedTuple):
     num_nodes: int
     cluster: str
     cluster_external: bool
-    cluster_given: bool = False
-    launcher: object = None
+    cluster_plugin: object = None
+    launcher_flag: object = None
 
 
 class StrategyChoice(NamedTuple):
@@ -710,12 +709,13 @@ def choose_strategy(inputs: StrategyInput, written: Written = NOT_WRITTEN) -> St
     """
     draft = StrategyDraft(
         machine=inputs.machine, parts=inputs.parts, specs=inputs.specs,
-        explicit_spec=None if inputs.requested == "auto" else inputs.specs[inputs.requested],
+        explicit_spec=(None if inputs.strategy_flag == "auto"
+                       else inputs.specs[inputs.strategy_flag]),
         accelerator=inputs.accelerator, accelerator_reason=inputs.accelerator_reason,
         devices=inputs.devices, parallel_devices=inputs.parallel_devices,
         num_nodes=inputs.num_nodes, cluster=inputs.cluster,
-        cluster_external=inputs.cluster_external, cluster_given=inputs.cluster_given,
-        launcher_flag=inputs.launcher, strategy_flag=written.strategy,
+        cluster_external=inputs.cluster_external, cluster_given=inputs.cluster_plugin is not None,
+        launcher_flag=inputs.launcher_flag, strategy_flag=written.strategy,
         devices_flag=written.devices, num_nodes_flag=written.num_nodes,
     )
     trace = run_stage(STRATEGY_STAGE, draft, inputs.parts)
@@ -723,3 +723,9 @@ def choose_strategy(inputs: StrategyInput, written: Written = NOT_WRITTEN) -> St
                           parallel_devices=draft.parallel_devices,
                           cluster_environment=draft.cluster_environment or inputs.cluster,
                           notes=tuple(draft.notes), trace=trace)
+
+
+STEP = Step("strategy", choose_strategy, StrategyInput,
+            writes={"spec": "spec", "launcher": "launcher",
+                    "parallel_devices": "parallel_devices",
+                    "cluster_environment": "cluster_environment"})

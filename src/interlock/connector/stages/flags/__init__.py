@@ -11,7 +11,13 @@ One module per flag (`accelerator`, `devices`, `strategy`, `precision`, `num_nod
 
 from interlock.connector.stages.flags.draft import Flags, FlagsDraft
 from interlock.connector.stages.flags.plugins import plugin_kind
-from interlock.connector.stages.flags.stage import FLAGS_STAGE, OneFlag, read_flag, read_flags
+from interlock.connector.stages.flags.stage import (
+    FLAGS_STAGE,
+    OneFlag,
+    read_flag,
+    read_flags,
+    seeds,
+)
 
 __all__ = [
     "FLAGS_STAGE",
@@ -21,4 +27,5 @@ __all__ = [
     "plugin_kind",
     "read_flag",
     "read_flags",
+    "seeds",
 ]

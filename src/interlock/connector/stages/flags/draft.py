@@ -8,7 +8,8 @@ from typing import ClassVar, NamedTuple
 
 from interlock.connector.part_tables import PartTables
 from interlock.connector.registration import EntryPointStatus
-from interlock.connector.rules import DevicesRequest, Draft, Plugins, Written, refuse
+from interlock.connector.rules import DevicesRequest, Draft, Plugins, refuse
+from interlock.connector.runner import Written
 from interlock.connector.specs import StrategySpec
 from interlock.connector.tables import DEFAULT_PRECISION
 from interlock.connector.trace import TraceStep

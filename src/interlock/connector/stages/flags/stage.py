@@ -1,12 +1,15 @@
-"""The flags stage itself: its decisions in order, `read_flags` over all of them and
-`read_flag` over one alone (how the matrix parses each distinct value of a flag once)."""
+"""The flags stage itself: its decisions in order, `read_flags` over all of them,
+`read_flag` over one alone (how the matrix parses each distinct value of a flag once),
+and `seeds`, what the stage hands to the runner's later steps."""
 
 from collections.abc import Mapping
 from typing import Literal
 
+from interlock.connector.machine import Machine
 from interlock.connector.part_tables import PartTables
 from interlock.connector.registration import EntryPointStatus
-from interlock.connector.rules import Decision, Stage, Written, run_decision, run_stage
+from interlock.connector.rules import Decision, Stage, run_decision, run_stage
+from interlock.connector.runner import Facts, Written, written_seeds
 from interlock.connector.specs import StrategySpec
 from interlock.connector.stages.flags.accelerator import ACCELERATOR_FLAG
 from interlock.connector.stages.flags.conflicts import CONFLICTS, INSTANCE_PARTS
@@ -113,3 +116,20 @@ def read_flag(
         notes=tuple(draft.notes),
         trace=tuple(trace),
     )
+
+
+def seeds(flags: Flags, *, machine: Machine, parts: PartTables,
+          specs: Mapping[str, StrategySpec]) -> Facts:
+    """The facts the later stages start from (`runner.SEEDS`): the constants of the run,
+    the flags this stage parses as it parsed them, and the others as written."""
+    plugins = flags.plugins
+    facts: Facts = {
+        "machine": machine, "parts": parts, "specs": specs,
+        "accelerator_flag": flags.accelerator, "devices": flags.devices,
+        "strategy_flag": flags.strategy, "precision_flag": flags.precision,
+        "num_nodes": flags.num_nodes, "strategy_instance": flags.strategy_instance,
+        "cluster_plugin": plugins.cluster_environment, "precision_plugin": plugins.precision,
+        "checkpoint_io_plugin": plugins.checkpoint_io,
+    }
+    facts.update(written_seeds(flags.written))  # type: ignore[typeddict-item]  # all named
+    return facts

@@ -1,0 +1,269 @@
+"""One runner for the stages: `plan()` runs it once per call, the matrix once per cell.
+
+Each stage module declares a `Step`: its function, its frozen input (whose field names
+are the *facts* it reads: the flags as parsed, and what earlier stages decided), and
+the facts it writes (which fields of its result, under which names). The runner keeps
+the facts of one resolution in a dict, runs the steps in order, and adds what each step
+writes.
+
+Every fact is named once, with its type, in `Facts`; `SEEDS` says which the caller
+gives. A step that reads a fact that is neither a seed nor written by a step before it
+fails at import (`check_steps`), not at plan time.
+
+With a memo (the matrix), a step runs once per distinct value of what it reads, and
+its writes (or its refusal) are reused: that is what makes 756,000 cells take seconds.
+The values a memoised step reads must be hashable; `CONSTANTS` (the machine, the
+registry snapshot, the strategy rows) are fixed per run and left out of the keys.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import Any, NamedTuple, TypedDict
+
+from interlock.connector.errors import ResolutionError
+from interlock.connector.machine import Machine
+from interlock.connector.memory import MemoryEstimate
+from interlock.connector.model import ModelShape
+from interlock.connector.parallelism import MeshLayout, Parallelism
+from interlock.connector.part_tables import PartTables
+from interlock.connector.rules import DevicesRequest
+from interlock.connector.specs import StrategySpec
+from interlock.connector.trace import TraceStep
+
+
+class Written(NamedTuple):
+    """The flags exactly as the caller wrote them, kept only to quote them in reasons,
+    notes and refusals. Stage functions take it beside their input, so the input holds
+    only what the rules decide from: two spellings of one parsed value are one input."""
+
+    accelerator: object = None
+    devices: object = None
+    strategy: object = None
+    precision: object = None
+    num_nodes: object = None
+    plugins: object = None
+    parallelism: object = None
+    model: object = None
+    optimizer: object = None
+    micro_batch_size: object = None
+    launcher: object = None
+
+
+#: No flags written (a stage run from parsed values only, as the matrix does).
+NOT_WRITTEN = Written()
+
+
+class Facts(TypedDict, total=False):
+    """What one resolution knows, by name, with its type: the seeds, then what each
+    stage writes."""
+
+    # the constants of a run
+    machine: Machine
+    parts: PartTables
+    specs: Mapping[str, StrategySpec]
+    # the flags the flags stage parses, as it hands them on
+    accelerator_flag: str
+    devices: DevicesRequest
+    strategy_flag: str
+    precision_flag: str
+    num_nodes: int
+    strategy_instance: object
+    cluster_plugin: object
+    precision_plugin: object
+    checkpoint_io_plugin: object
+    # the other flags, as written (`written_seeds`); the stage that decides each parses it
+    parallelism_flag: object
+    model_flag: object
+    optimizer_flag: object
+    micro_batch_size_flag: object
+    launcher_flag: object
+    # sizing
+    shape: ModelShape | None
+    optimizer: str | None
+    micro_batch_size: int | None
+    # accelerator
+    accelerator: str
+    accelerator_reason: str
+    # devices, then cluster and strategy, which may change the placement
+    parallel_devices: tuple[str, ...]
+    # cluster
+    cluster: str
+    cluster_external: bool
+    # strategy
+    spec: StrategySpec
+    launcher: str | None
+    cluster_environment: str
+    # precision
+    precision: str
+    # parallelism
+    degrees: Parallelism
+    mesh: MeshLayout
+    # plugins
+    checkpoint_io: str
+    # memory (only when a shape is given)
+    memory: MemoryEstimate
+    memory_optimizer: str
+
+
+#: facts fixed for a whole run: never part of a memo key
+CONSTANTS = frozenset({"machine", "parts", "specs"})
+
+#: the flags the flags stage parses; it hands each on as the typed facts `Facts` names
+PARSED_FLAGS = frozenset({"accelerator", "devices", "strategy", "precision", "num_nodes",
+                          "plugins"})
+
+
+def written_seeds(written: Written) -> dict[str, object]:
+    """Every other flag, as written, under ``<flag>_flag`` (each also named in `Facts`):
+    the stage that decides it parses it."""
+    return {f"{name}_flag": value for name, value in zip(Written._fields, written, strict=True)
+            if name not in PARSED_FLAGS}
+
+
+#: the facts a caller gives: the constants, the parsed flags, the flags as written
+SEEDS = frozenset({
+    *CONSTANTS, *written_seeds(NOT_WRITTEN),
+    "accelerator_flag", "devices", "strategy_flag", "precision_flag", "num_nodes",
+    "strategy_instance", "cluster_plugin", "precision_plugin", "checkpoint_io_plugin",
+})
+
+#: a memo: one table per step, from the values it read to what it wrote or refused
+Memo = dict[str, dict[tuple[object, ...], Mapping[str, object] | ResolutionError]]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One stage as the runner sees it.
+
+    Attributes:
+        name: the stage's name.
+        run: the stage's function: takes its ``inputs`` (and then the flags as
+            written, to quote them, when it has a ``written`` parameter) and returns
+            its result.
+        inputs: the stage's frozen input, a NamedTuple whose field names are the facts
+            it reads: the declaration of what the stage decides from.
+        writes: result field -> fact name, for each field later steps or the plan
+            read; ``notes`` and ``trace`` are collected apart.
+        when: a fact that must not be None for the step to run (memory: ``shape``).
+    """
+
+    name: str
+    run: Callable[..., Any]
+    inputs: Callable[..., tuple[object, ...]]
+    writes: Mapping[str, str]
+    when: str | None = None
+    reads: tuple[str, ...] = field(init=False)
+    quotes: bool = field(init=False)
+    _key: Callable[[Mapping[str, object]], tuple[object, ...]] = field(init=False)
+    _args: Callable[[Mapping[str, object]], tuple[object, ...]] = field(init=False)
+    _pairs: tuple[tuple[str, str], ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        reads: tuple[str, ...] = getattr(self.inputs, "_fields", ())
+        if not reads:
+            raise RuntimeError(f"internal error: step {self.name!r} declares its input as "
+                               f"{self.inputs!r}, not a NamedTuple of the facts it reads")
+        set_ = object.__setattr__
+        set_(self, "reads", reads)
+        set_(self, "quotes", "written" in inspect.signature(self.run).parameters)
+        set_(self, "_args", _getter(reads))
+        set_(self, "_key", _getter(tuple(r for r in reads if r not in CONSTANTS)))
+        set_(self, "_pairs", tuple(self.writes.items()))
+
+    def call(self, facts: Mapping[str, object], written: Written) -> Any:
+        """The stage's result on ``facts``."""
+        inputs = self.inputs(*self._args(facts))
+        return self.run(inputs, written) if self.quotes else self.run(inputs)
+
+    def written_by(self, result: object) -> dict[str, object]:
+        """The facts ``result`` gives, by name."""
+        return {fact: getattr(result, name) for name, fact in self._pairs}
+
+
+def _getter(names: tuple[str, ...]) -> Callable[[Mapping[str, object]], tuple[object, ...]]:
+    """A fast function from the facts to the values of ``names``, as a tuple."""
+    if len(names) > 1:
+        return itemgetter(*names)
+    if names:
+        name = names[0]
+        return lambda facts: (facts[name],)
+    return lambda facts: ()
+
+
+def check_steps(steps: Sequence[Step]) -> tuple[Step, ...]:
+    """``steps``, checked once: every fact a step reads is a seed or written before it,
+    and every fact it writes is one `Facts` names."""
+    known = set(SEEDS)
+    for step in steps:
+        missing = [r for r in (*step.reads, *([step.when] if step.when else []))
+                   if r not in known]
+        unnamed = [w for w in step.writes.values() if w not in Facts.__annotations__]
+        if missing or unnamed:
+            raise RuntimeError(f"internal error: step {step.name!r} reads {missing}, which "
+                               f"no seed or earlier step gives, or writes {unnamed}, which "
+                               "Facts does not name")
+        known.update(step.writes.values())
+    return tuple(steps)
+
+
+@dataclass(slots=True)
+class Run:
+    """What one run produced: the facts, the stages' notes and trace in order."""
+
+    facts: Facts
+    notes: list[str]
+    trace: tuple[TraceStep, ...]
+
+
+def run_steps(steps: Sequence[Step], facts: Facts,
+              written: Written = NOT_WRITTEN, trace: tuple[TraceStep, ...] = ()) -> Run:
+    """Run every step on ``facts`` (updated in place), collecting notes and trace.
+
+    Raises:
+        ResolutionError: a stage's refusal, its trace preceded by the steps before it
+            (and ``trace``, what the caller ran before).
+    """
+    notes: list[str] = []
+    known: dict[str, object] = facts  # type: ignore[assignment]  # the same dict
+    for step in steps:
+        if step.when is not None and known[step.when] is None:
+            continue
+        try:  # `Step.call`, inline: a plan runs this loop for every stage
+            inputs = step.inputs(*step._args(known))
+            result = step.run(inputs, written) if step.quotes else step.run(inputs)
+        except ResolutionError as error:
+            error.trace = trace + error.trace
+            raise
+        for name, fact in step._pairs:
+            known[fact] = getattr(result, name)
+        notes += result.notes
+        trace += result.trace
+    return Run(facts, notes, trace)
+
+
+def run_memoised(steps: Sequence[Step], facts: Facts,
+                 memo: Memo) -> ResolutionError | None:
+    """Run every step on ``facts`` (updated in place), each at most once per distinct
+    value of what it reads across calls that share ``memo``; notes and trace are not
+    kept. Returns the first refusal (shared between calls: never change it), or None."""
+    known: dict[str, object] = facts  # type: ignore[assignment]  # the same dict
+    for step in steps:
+        if step.when is not None and known[step.when] is None:
+            continue
+        table = memo.setdefault(step.name, {})
+        key = step._key(known)
+        found = table.get(key)
+        if found is None:
+            try:
+                found = step.written_by(step.call(known, NOT_WRITTEN))
+            except ResolutionError as error:
+                found = error
+            table[key] = found
+        if isinstance(found, ResolutionError):
+            return found
+        known.update(found)
+    return None
