@@ -82,6 +82,8 @@ def _refuse(value: object, reason: str, choices: tuple[str, ...] = (),
 
 def _degree(name: str, value: object, whole: object) -> Degree:
     """One degree as written, checked: an int from 1, ``"auto"`` or ``-1``."""
+    if type(value) is int and 1 <= value <= _MAX_DEGREE:  # the common case, first
+        return value
     if isinstance(value, str) and value.strip().lower() in ("auto", "-1"):
         return "auto"
     if isinstance(value, str) and value.strip().isdigit() and len(value.strip()) <= 9:
@@ -250,11 +252,10 @@ def fill(requested: Parallelism, world_size: int, *, where: str) -> Parallelism:
     """
     fixed = {k: int(v) for k, v in requested.degrees().items() if v != "auto"}
     product = math.prod(fixed.values())
-    named = [f"{k}={v}" for k, v in fixed.items() if v != 1]
-    shown = " x ".join(named) + (f" = {product}" if len(named) > 1 else "") if named else "1"
     auto = requested.auto
     if auto is not None:
         if world_size % product:
+            shown = _product_text(fixed, product)
             raise _refuse(
                 requested.describe(),
                 f"{shown} does not divide the world size {world_size} ({where}), so "
@@ -265,6 +266,7 @@ def fill(requested: Parallelism, world_size: int, *, where: str) -> Parallelism:
         degrees: dict[str, int] = {**fixed, auto: world_size // product}
         return Parallelism(**degrees)
     if product != world_size:
+        shown = _product_text(fixed, product)
         raise _refuse(
             requested.describe(),
             f"{shown}, but the world has {world_size} ranks ({where}); the degrees must "
@@ -272,6 +274,12 @@ def fill(requested: Parallelism, world_size: int, *, where: str) -> Parallelism:
             choices=_completions(fixed, world_size, divides=False),
         )
     return requested
+
+
+def _product_text(fixed: dict[str, int], product: int) -> str:
+    """``"tp=2 x pp=3 = 6"``: the degrees above 1 and their product, for a refusal."""
+    named = [f"{k}={v}" for k, v in fixed.items() if v != 1]
+    return " x ".join(named) + (f" = {product}" if len(named) > 1 else "") if named else "1"
 
 
 def _completions(fixed: dict[str, int], world_size: int, *, divides: bool) -> tuple[str, ...]:
