@@ -254,7 +254,9 @@ def run_memoised(steps: Sequence[Step], facts: Facts,
     for step in steps:
         if step.when is not None and known[step.when] is None:
             continue
-        table = memo.setdefault(step.name, {})
+        table = memo.get(step.name)
+        if table is None:
+            table = memo[step.name] = {}
         key = step._key(known)
         found = table.get(key)
         if found is None:

@@ -85,8 +85,8 @@ def evaluate(profile: Profile, space: FlagSpace = FLAG_SPACE) -> Iterator[tuple[
     shown_precisions = [show(p) for p in space.precisions]
     # the seeds with every flag at its parsed default; each cell sets the five the
     # space spans
-    base = seeds(read_flag("num_nodes", 1, specs=specs, parts=parts), machine=machine,
-                 parts=parts, specs=specs)
+    facts = seeds(read_flag("num_nodes", 1, specs=specs, parts=parts), machine=machine,
+                  parts=parts, specs=specs)
     memo: Memo = {}
     refusals: dict[int, str] = {}  # a refusal's outcome, by the shared error's id
 
@@ -105,7 +105,8 @@ def evaluate(profile: Profile, space: FlagSpace = FLAG_SPACE) -> Iterator[tuple[
                         assert not isinstance(a, str) and not isinstance(d, str)
                         assert not isinstance(s, str) and not isinstance(p, str)
                         assert not isinstance(n, str)
-                        facts = base.copy()
+                        # one dict for every cell: each step reads only seeds and what
+                        # the steps before it wrote for this cell (`check_steps`)
                         facts.update({"accelerator_flag": a.accelerator,
                                       "devices": d.devices, "strategy_flag": s.strategy,
                                       "precision_flag": p.precision,
