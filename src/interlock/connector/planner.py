@@ -19,10 +19,17 @@ from interlock.connector.registry import (
     registered,
     registry_version,
 )
-from interlock.connector.runner import Written, run_steps
+from interlock.connector.runner import Written, fact, run_steps
 from interlock.connector.specs import StrategySpec
 from interlock.connector.stages import STAGES, STEPS
+from interlock.connector.stages.accelerator import AcceleratorChoice
 from interlock.connector.stages.flags import plugin_kind, read_flags, seeds
+from interlock.connector.stages.memory import MemoryChoice
+from interlock.connector.stages.parallelism import ParallelismChoice
+from interlock.connector.stages.plugins import PluginsChoice
+from interlock.connector.stages.precision import PrecisionChoice
+from interlock.connector.stages.sizing import Sizing
+from interlock.connector.stages.strategy import StrategyChoice
 from interlock.connector.tables import (
     RESTART_BACKOFF_FACTOR,
     RESTART_BACKOFF_S,
@@ -512,31 +519,35 @@ def _chain(machine: Machine, specs: Mapping[str, StrategySpec], written: Written
         if error.code in VOCABULARY_CODES:
             raise _choices_that_pass(error, machine, specs, written) from None
         if error.code == "insufficient-memory":
-            raise _choices_that_fit(error, machine, specs, written, facts["spec"],
-                                    flags.num_nodes, len(facts["parallel_devices"])) from None
+            raise _choices_that_fit(error, machine, specs, written,
+                                    fact(facts, "spec", StrategySpec), flags.num_nodes,
+                                    len(fact(facts, "parallel_devices", tuple))) from None
         raise
-    memory = facts.get("memory")
-    parallel_devices = facts["parallel_devices"]
+    strategy = done.result("strategy", StrategyChoice)
+    layout = done.result("parallelism", ParallelismChoice)
+    memory = done.results.get("memory")
+    assert memory is None or isinstance(memory, MemoryChoice)
+    parallel_devices = strategy.parallel_devices
     return Plan(
-        accelerator=facts["accelerator"],
-        strategy=facts["spec"].name,
-        precision=facts["precision"],
+        accelerator=done.result("accelerator", AcceleratorChoice).name,
+        strategy=strategy.spec.name,
+        precision=done.result("precision", PrecisionChoice).name,
         parallel_devices=parallel_devices,
         num_nodes=flags.num_nodes,
         world_size=len(parallel_devices) * flags.num_nodes,
-        launcher=facts["launcher"],
-        cluster_environment=facts["cluster_environment"],
-        checkpoint_io=facts["checkpoint_io"],
+        launcher=strategy.launcher,
+        cluster_environment=strategy.cluster_environment,
+        checkpoint_io=done.result("plugins", PluginsChoice).checkpoint_io,
         notes=(*flags.notes, *done.notes),
-        parallelism=facts["degrees"],
-        mesh=facts["mesh"],
+        parallelism=layout.degrees,
+        mesh=layout.mesh,
         trace=done.trace,
-        spec=facts["spec"],
+        spec=strategy.spec,
         plugins=flags.plugins.given(),
         strategy_instance=flags.strategy_instance,
         accelerator_instance=flags.accelerator_instance,
         machine=machine,
-        memory=memory,
-        model=facts["shape"] if memory is not None else None,
-        optimizer=facts["memory_optimizer"] if memory is not None else None,
+        memory=memory.estimate if memory is not None else None,
+        model=done.result("sizing", Sizing).shape if memory is not None else None,
+        optimizer=memory.optimizer if memory is not None else None,
     )

@@ -97,7 +97,6 @@ class PlacedDraft(Draft):
 
 
 D = TypeVar("D", bound=Draft)
-P = TypeVar("P", bound=PlacedDraft)
 
 
 def devices_as_placed(ctx: PlacedDraft) -> str:

@@ -6,9 +6,9 @@ the facts it writes (which fields of its result, under which names). The runner 
 the facts of one resolution in a dict, runs the steps in order, and adds what each step
 writes.
 
-Every fact is named once, with its type, in `Facts`; `SEEDS` says which the caller
-gives. A step that reads a fact that is neither a seed nor written by a step before it
-fails at import (`check_steps`), not at plan time.
+`SEEDS` names what the caller gives, each step's ``writes`` what it adds; a step that
+reads a fact that is neither a seed nor written by a step before it fails at import
+(`check_steps`), not at plan time.
 
 With a memo (the matrix), a step runs once per distinct value of what it reads, and
 its writes (or its refusal) are reused: that is what makes 756,000 cells take seconds.
@@ -22,17 +22,12 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Any, NamedTuple, TypedDict
+from typing import Any, NamedTuple, TypeVar
 
 from interlock.connector.errors import ResolutionError
-from interlock.connector.machine import Machine
-from interlock.connector.memory import MemoryEstimate
-from interlock.connector.model import ModelShape
-from interlock.connector.parallelism import MeshLayout, Parallelism
-from interlock.connector.part_tables import PartTables
-from interlock.connector.rules import DevicesRequest
-from interlock.connector.specs import StrategySpec
 from interlock.connector.trace import TraceStep
+
+T = TypeVar("T")
 
 
 class Written(NamedTuple):
@@ -57,69 +52,24 @@ class Written(NamedTuple):
 NOT_WRITTEN = Written()
 
 
-class Facts(TypedDict, total=False):
-    """What one resolution knows, by name, with its type: the seeds, then what each
-    stage writes."""
-
-    # the constants of a run
-    machine: Machine
-    parts: PartTables
-    specs: Mapping[str, StrategySpec]
-    # the flags the flags stage parses, as it hands them on
-    accelerator_flag: str
-    devices: DevicesRequest
-    strategy_flag: str
-    precision_flag: str
-    num_nodes: int
-    strategy_instance: object
-    cluster_plugin: object
-    precision_plugin: object
-    checkpoint_io_plugin: object
-    # the other flags, as written (`written_seeds`); the stage that decides each parses it
-    parallelism_flag: object
-    model_flag: object
-    optimizer_flag: object
-    micro_batch_size_flag: object
-    launcher_flag: object
-    # sizing
-    shape: ModelShape | None
-    optimizer: str | None
-    micro_batch_size: int | None
-    # accelerator
-    accelerator: str
-    accelerator_reason: str
-    # devices, then cluster and strategy, which may change the placement
-    parallel_devices: tuple[str, ...]
-    # cluster
-    cluster: str
-    cluster_external: bool
-    # strategy
-    spec: StrategySpec
-    launcher: str | None
-    cluster_environment: str
-    # precision
-    precision: str
-    # parallelism
-    degrees: Parallelism
-    mesh: MeshLayout
-    # plugins
-    checkpoint_io: str
-    # memory (only when a shape is given)
-    memory: MemoryEstimate
-    memory_optimizer: str
+#: What one resolution knows, by name: the seeds, then what each step writes. A fact's
+#: name is given once, by the seed (`SEEDS`) or the step (`Step.writes`) that gives
+#: it; its type, once, by the field it comes from (of `Flags`, or of the stage's
+#: result). Read one, typed, with `fact`.
+Facts = dict[str, object]
 
 
 #: facts fixed for a whole run: never part of a memo key
 CONSTANTS = frozenset({"machine", "parts", "specs"})
 
-#: the flags the flags stage parses; it hands each on as the typed facts `Facts` names
+#: the flags the flags stage parses; it hands each on as typed facts (`flags.seeds`)
 PARSED_FLAGS = frozenset({"accelerator", "devices", "strategy", "precision", "num_nodes",
                           "plugins"})
 
 
 def written_seeds(written: Written) -> dict[str, object]:
-    """Every other flag, as written, under ``<flag>_flag`` (each also named in `Facts`):
-    the stage that decides it parses it."""
+    """Every other flag, as written, under ``<flag>_flag``: the stage that decides it
+    parses it."""
     return {f"{name}_flag": value for name, value in zip(Written._fields, written, strict=True)
             if name not in PARSED_FLAGS}
 
@@ -195,28 +145,40 @@ def _getter(names: tuple[str, ...]) -> Callable[[Mapping[str, object]], tuple[ob
 
 
 def check_steps(steps: Sequence[Step]) -> tuple[Step, ...]:
-    """``steps``, checked once: every fact a step reads is a seed or written before it,
-    and every fact it writes is one `Facts` names."""
+    """``steps``, checked once: every fact a step reads is a seed or written before it."""
     known = set(SEEDS)
     for step in steps:
         missing = [r for r in (*step.reads, *([step.when] if step.when else []))
                    if r not in known]
-        unnamed = [w for w in step.writes.values() if w not in Facts.__annotations__]
-        if missing or unnamed:
+        if missing:
             raise RuntimeError(f"internal error: step {step.name!r} reads {missing}, which "
-                               f"no seed or earlier step gives, or writes {unnamed}, which "
-                               "Facts does not name")
+                               "no seed or earlier step gives")
         known.update(step.writes.values())
     return tuple(steps)
 
 
+def fact(facts: Facts, name: str, kind: type[T]) -> T:
+    """The fact ``name``, checked to be a ``kind``."""
+    value = facts[name]
+    if not isinstance(value, kind):
+        raise RuntimeError(f"internal error: fact {name!r} is {value!r}, not a "
+                           f"{kind.__name__}")
+    return value
+
+
 @dataclass(slots=True)
 class Run:
-    """What one run produced: the facts, the stages' notes and trace in order."""
+    """What one run produced: the facts, each stage's result by its name, and the
+    stages' notes and trace in order."""
 
     facts: Facts
+    results: dict[str, object]
     notes: list[str]
     trace: tuple[TraceStep, ...]
+
+    def result(self, stage: str, kind: type[T]) -> T:
+        """The result of ``stage``, checked to be a ``kind``."""
+        return fact(self.results, stage, kind)
 
 
 def run_steps(steps: Sequence[Step], facts: Facts,
@@ -228,21 +190,22 @@ def run_steps(steps: Sequence[Step], facts: Facts,
             (and ``trace``, what the caller ran before).
     """
     notes: list[str] = []
-    known: dict[str, object] = facts  # type: ignore[assignment]  # the same dict
+    results: dict[str, object] = {}
     for step in steps:
-        if step.when is not None and known[step.when] is None:
+        if step.when is not None and facts[step.when] is None:
             continue
         try:  # `Step.call`, inline: a plan runs this loop for every stage
-            inputs = step.inputs(*step._args(known))
+            inputs = step.inputs(*step._args(facts))
             result = step.run(inputs, written) if step.quotes else step.run(inputs)
         except ResolutionError as error:
             error.trace = trace + error.trace
             raise
-        for name, fact in step._pairs:
-            known[fact] = getattr(result, name)
+        for field_name, name in step._pairs:
+            facts[name] = getattr(result, field_name)
+        results[step.name] = result
         notes += result.notes
         trace += result.trace
-    return Run(facts, notes, trace)
+    return Run(facts, results, notes, trace)
 
 
 def run_memoised(steps: Sequence[Step], facts: Facts,
@@ -250,22 +213,21 @@ def run_memoised(steps: Sequence[Step], facts: Facts,
     """Run every step on ``facts`` (updated in place), each at most once per distinct
     value of what it reads across calls that share ``memo``; notes and trace are not
     kept. Returns the first refusal (shared between calls: never change it), or None."""
-    known: dict[str, object] = facts  # type: ignore[assignment]  # the same dict
     for step in steps:
-        if step.when is not None and known[step.when] is None:
+        if step.when is not None and facts[step.when] is None:
             continue
         table = memo.get(step.name)
         if table is None:
             table = memo[step.name] = {}
-        key = step._key(known)
+        key = step._key(facts)
         found = table.get(key)
         if found is None:
             try:
-                found = step.written_by(step.call(known, NOT_WRITTEN))
+                found = step.written_by(step.call(facts, NOT_WRITTEN))
             except ResolutionError as error:
                 found = error
             table[key] = found
         if isinstance(found, ResolutionError):
             return found
-        known.update(found)
+        facts.update(found)
     return None

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from interlock.connector.errors import ResolutionError
 from interlock.connector.planner import Plan
 from interlock.connector.registry import current_parts, registered
-from interlock.connector.runner import Memo, run_memoised
+from interlock.connector.runner import Memo, fact, run_memoised
 from interlock.connector.specs import StrategySpec
 from interlock.connector.stages import STEPS
 from interlock.connector.stages.flags import Flags, OneFlag, read_flag, seeds
@@ -58,8 +58,8 @@ def outcome_of(result: Plan | ResolutionError) -> str:
                      result.world_size, result.precision)
 
 
-def _resolved(strategy: str, launcher: str | None, cluster: str, world_size: int,
-              precision: str) -> str:
+def _resolved(strategy: str, launcher: object, cluster: object, world_size: int,
+              precision: object) -> str:
     return f"ok {strategy} {launcher or '-'} {cluster} {world_size} {precision}"
 
 
@@ -114,9 +114,9 @@ def evaluate(profile: Profile, space: FlagSpace = FLAG_SPACE) -> Iterator[tuple[
                         refused = run_memoised(STEPS, facts, memo)
                         if refused is None:
                             yield cell, _resolved(
-                                facts["spec"].name, facts["launcher"],
-                                facts["cluster_environment"],
-                                len(facts["parallel_devices"]) * n.num_nodes,
+                                fact(facts, "spec", StrategySpec).name,
+                                facts["launcher"], facts["cluster_environment"],
+                                len(fact(facts, "parallel_devices", tuple)) * n.num_nodes,
                                 facts["precision"])
                         else:
                             known = refusals.get(id(refused))

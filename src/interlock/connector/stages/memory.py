@@ -420,5 +420,4 @@ def estimate_memory(inputs: MemoryInput) -> MemoryChoice:
                         notes=tuple(draft.notes), trace=trace)
 
 
-STEP = Step("memory", estimate_memory, MemoryInput,
-            writes={"estimate": "memory", "optimizer": "memory_optimizer"}, when="shape")
+STEP = Step("memory", estimate_memory, MemoryInput, writes={}, when="shape")

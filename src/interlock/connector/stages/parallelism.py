@@ -527,5 +527,4 @@ def choose_parallelism(inputs: ParallelismInput) -> ParallelismChoice:
                              notes=tuple(draft.notes), trace=trace)
 
 
-STEP = Step("parallelism", choose_parallelism, ParallelismInput,
-            writes={"degrees": "degrees", "mesh": "mesh"})
+STEP = Step("parallelism", choose_parallelism, ParallelismInput, writes={"degrees": "degrees"})

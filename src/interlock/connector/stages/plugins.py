@@ -125,5 +125,4 @@ def choose_plugins(inputs: PluginsInput) -> PluginsChoice:
                          trace=trace)
 
 
-STEP = Step("plugins", choose_plugins, PluginsInput,
-            writes={"checkpoint_io": "checkpoint_io"})
+STEP = Step("plugins", choose_plugins, PluginsInput, writes={})

@@ -131,5 +131,5 @@ def seeds(flags: Flags, *, machine: Machine, parts: PartTables,
         "cluster_plugin": plugins.cluster_environment, "precision_plugin": plugins.precision,
         "checkpoint_io_plugin": plugins.checkpoint_io,
     }
-    facts.update(written_seeds(flags.written))  # type: ignore[typeddict-item]  # all named
+    facts.update(written_seeds(flags.written))
     return facts
