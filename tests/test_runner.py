@@ -12,6 +12,7 @@ from interlock.connector.registry import current_parts, registered
 from interlock.connector.runner import (
     SEEDS,
     Memo,
+    Run,
     Step,
     Written,
     check_steps,
@@ -85,7 +86,7 @@ def test_a_fact_is_read_typed_or_not_at_all() -> None:
 
 def test_a_run_keeps_each_stage_result_and_the_facts_it_wrote() -> None:
     facts = _seeds(strategy_flag="ddp")
-    done = run_steps(STEPS, facts)
+    done = run_steps(STEPS, Run(facts))
     strategy = done.result("strategy", StrategyChoice)
     assert strategy.spec.name == "ddp" and facts["spec"] is strategy.spec
     assert done.trace[0].stage == "accelerator" and done.trace[-1].stage == "plugins"

@@ -19,7 +19,7 @@ from interlock.connector.registry import (
     registered,
     registry_version,
 )
-from interlock.connector.runner import Written, fact, run_steps
+from interlock.connector.runner import Run, Written, fact, run_steps
 from interlock.connector.specs import StrategySpec
 from interlock.connector.stages import STAGES, STEPS
 from interlock.connector.stages.accelerator import AcceleratorChoice
@@ -508,20 +508,24 @@ def _as_flag(flag: str, choice: str) -> object:
 def _chain(machine: Machine, specs: Mapping[str, StrategySpec], written: Written) -> Plan:
     """Read the flags, then run the stages in order, each on the facts before it."""
     parts = current_parts()
+    done: Run | None = None
     try:
         flags = read_flags(written, specs=specs, parts=parts,
                            broken_entry_points=broken_entry_points("strategies"))
-        facts = seeds(flags, machine=machine, parts=parts, specs=specs)
-        done = run_steps(STEPS, facts, written, trace=flags.trace)
+        done = Run(seeds(flags, machine=machine, parts=parts, specs=specs),
+                   trace=flags.trace)
+        run_steps(STEPS, done, written)
     except ResolutionError as error:
+        if done is not None:  # refused by a stage: after the trace of those before it
+            error.trace = done.trace + error.trace
         if _PROBING[0]:
             raise
         if error.code in VOCABULARY_CODES:
             raise _choices_that_pass(error, machine, specs, written) from None
-        if error.code == "insufficient-memory":
+        if error.code == "insufficient-memory" and done is not None:
             raise _choices_that_fit(error, machine, specs, written,
-                                    fact(facts, "spec", StrategySpec), flags.num_nodes,
-                                    len(fact(facts, "parallel_devices", tuple))) from None
+                                    fact(done.facts, "spec", StrategySpec), flags.num_nodes,
+                                    len(fact(done.facts, "parallel_devices", tuple))) from None
         raise
     strategy = done.result("strategy", StrategyChoice)
     layout = done.result("parallelism", ParallelismChoice)

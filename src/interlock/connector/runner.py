@@ -67,11 +67,15 @@ PARSED_FLAGS = frozenset({"accelerator", "devices", "strategy", "precision", "nu
                           "plugins"})
 
 
+#: (index in `Written`, fact name) of each flag the flags stage does not parse
+_UNPARSED = tuple((index, f"{name}_flag") for index, name in enumerate(Written._fields)
+                  if name not in PARSED_FLAGS)
+
+
 def written_seeds(written: Written) -> dict[str, object]:
     """Every other flag, as written, under ``<flag>_flag``: the stage that decides it
     parses it."""
-    return {f"{name}_flag": value for name, value in zip(Written._fields, written, strict=True)
-            if name not in PARSED_FLAGS}
+    return {fact: written[index] for index, fact in _UNPARSED}
 
 
 #: the facts a caller gives: the constants, the parsed flags, the flags as written
@@ -168,44 +172,44 @@ def fact(facts: Facts, name: str, kind: type[T]) -> T:
 
 @dataclass(slots=True)
 class Run:
-    """What one run produced: the facts, each stage's result by its name, and the
-    stages' notes and trace in order."""
+    """One run of the steps: the facts, each stage's result by its name, and the
+    stages' notes and trace in order (after what the caller put there first)."""
 
     facts: Facts
-    results: dict[str, object]
-    notes: list[str]
-    trace: tuple[TraceStep, ...]
+    results: dict[str, object] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    trace: tuple[TraceStep, ...] = ()
 
     def result(self, stage: str, kind: type[T]) -> T:
         """The result of ``stage``, checked to be a ``kind``."""
         return fact(self.results, stage, kind)
 
 
-def run_steps(steps: Sequence[Step], facts: Facts,
-              written: Written = NOT_WRITTEN, trace: tuple[TraceStep, ...] = ()) -> Run:
-    """Run every step on ``facts`` (updated in place), collecting notes and trace.
+def run_steps(steps: Sequence[Step], done: Run, written: Written = NOT_WRITTEN) -> Run:
+    """Run every step on ``done.facts`` (updated in place), adding each result, its
+    notes and its trace to ``done``; returns ``done``.
 
     Raises:
-        ResolutionError: a stage's refusal, its trace preceded by the steps before it
-            (and ``trace``, what the caller ran before).
+        ResolutionError: a stage's refusal; ``done.trace`` then holds the trace of the
+            steps before it (not caught and raised again here: a refused plan is
+            common, and costs what it costs).
     """
-    notes: list[str] = []
-    results: dict[str, object] = {}
-    for step in steps:
-        if step.when is not None and facts[step.when] is None:
-            continue
-        try:  # `Step.call`, inline: a plan runs this loop for every stage
-            inputs = step.inputs(*step._args(facts))
+    facts, results, notes, trace = done.facts, done.results, done.notes, done.trace
+    try:
+        for step in steps:
+            if step.when is not None and facts[step.when] is None:
+                continue
+            inputs = step.inputs(*step._args(facts))  # `Step.call`, inline: plan() runs this
             result = step.run(inputs, written) if step.quotes else step.run(inputs)
-        except ResolutionError as error:
-            error.trace = trace + error.trace
-            raise
-        for field_name, name in step._pairs:
-            facts[name] = getattr(result, field_name)
-        results[step.name] = result
-        notes += result.notes
-        trace += result.trace
-    return Run(facts, results, notes, trace)
+            for field_name, name in step._pairs:
+                facts[name] = getattr(result, field_name)
+            results[step.name] = result
+            if result.notes:
+                notes += result.notes
+            trace += result.trace
+    finally:
+        done.trace = trace
+    return done
 
 
 def run_memoised(steps: Sequence[Step], facts: Facts,
