@@ -238,26 +238,35 @@ def run_decision(stage: str, decision: Decision[D], draft: D, parts: PartTables,
                  trace: list[TraceStep]) -> None:
     """Apply the first matching rule of one decision to ``draft``, appending it to
     ``trace``; a refusal gets the rule's id and ``trace`` so far."""
-    # most decisions have no registered rows' rules: skip the call (plan() runs this
-    # for every decision, and a method call costs as much as a rule)
-    if decision.registered is None:
-        rules = decision.rules
-    else:
-        rules = parts.cache.get(decision.id) or decision.rules_for(parts)  # type: ignore[assignment]
-    if _AUDIT[0]:
-        _run_audited(stage, decision, rules, draft, trace)
-        return
-    for rule in rules:
-        if rule.when(draft):
-            try:
-                reason = rule.then(draft)
-            except ResolutionError as error:
-                error.rule = rule.id
-                error.trace = tuple(trace)
-                raise
-            trace.append(TraceStep(stage, decision.id, rule.id, reason))
-            return
-    raise RuntimeError(f"internal error: no rule of {decision.id!r} matched")
+    _run_decisions(stage, (decision,), draft, parts, trace)
+
+
+def _run_decisions(stage: str, decisions: tuple[Decision[D], ...], draft: D,
+                   parts: PartTables, trace: list[TraceStep]) -> None:
+    """`run_decision` for each of ``decisions`` in order, in one loop: plan() runs
+    about twenty decisions, and a call per decision would cost as much as a rule."""
+    audit = _AUDIT[0]
+    for decision in decisions:
+        # most decisions have no registered rows' rules: skip the call
+        if decision.registered is None:
+            rules = decision.rules
+        else:
+            rules = parts.cache.get(decision.id) or decision.rules_for(parts)  # type: ignore[assignment]
+        if audit:
+            _run_audited(stage, decision, rules, draft, trace)
+            continue
+        for rule in rules:
+            if rule.when(draft):
+                try:
+                    reason = rule.then(draft)
+                except ResolutionError as error:
+                    error.rule = rule.id
+                    error.trace = tuple(trace)
+                    raise
+                trace.append(TraceStep(stage, decision.id, rule.id, reason))
+                break
+        else:
+            raise RuntimeError(f"internal error: no rule of {decision.id!r} matched")
 
 
 def _run_audited(stage: str, decision: Decision[D], rules: tuple[Rule[D], ...], draft: D,
@@ -285,6 +294,5 @@ def _run_audited(stage: str, decision: Decision[D], rules: tuple[Rule[D], ...], 
 def run_stage(stage: Stage[D], draft: D, parts: PartTables) -> tuple[TraceStep, ...]:
     """Apply every decision of ``stage`` to ``draft`` in order; returns the trace."""
     trace: list[TraceStep] = []
-    for decision in stage.decisions:
-        run_decision(stage.name, decision, draft, parts, trace)
+    _run_decisions(stage.name, stage.decisions, draft, parts, trace)
     return tuple(trace)
