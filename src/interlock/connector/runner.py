@@ -100,8 +100,9 @@ class Step:
             its result.
         inputs: the stage's frozen input, a NamedTuple whose field names are the facts
             it reads: the declaration of what the stage decides from.
-        writes: result field -> fact name, for each field later steps or the plan
-            read; ``notes`` and ``trace`` are collected apart.
+        writes: result field -> fact name, for each field that later steps (or the
+            matrix) read; the plan reads the whole result, and ``notes`` and
+            ``trace`` are collected apart.
         when: a fact that must not be None for the step to run (memory: ``shape``).
     """
 
@@ -190,9 +191,9 @@ def run_steps(steps: Sequence[Step], done: Run, written: Written = NOT_WRITTEN) 
     notes and its trace to ``done``; returns ``done``.
 
     Raises:
-        ResolutionError: a stage's refusal; ``done.trace`` then holds the trace of the
-            steps before it (not caught and raised again here: a refused plan is
-            common, and costs what it costs).
+        ResolutionError: a stage's refusal. ``done.trace`` then holds the trace of
+            the steps before it, for the caller to put before the refusal's own
+            (`plan()` does where it handles the refusal).
     """
     facts, results, notes, trace = done.facts, done.results, done.notes, done.trace
     try:
