@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import gc
 from typing import Any
 
 import torch
@@ -58,6 +59,13 @@ class TorchCollective(Collective):
     def teardown(self) -> None:
         if self._created and dist.is_initialized():
             dist.destroy_process_group()
+            # A device mesh keeps its groups in reference cycles (torch's DeviceMesh
+            # objects point at each other), so destroying them leaves them alive until
+            # the cyclic collector runs: every launch in the caller's process kept its
+            # groups, with their threads and sockets, and a rank that exited next freed
+            # them while its interpreter shut down, when a gloo thread that still held
+            # a tensor cannot take the GIL and aborts the process. Freed now instead.
+            gc.collect()
         self._created = False
 
     @property
