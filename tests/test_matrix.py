@@ -12,8 +12,8 @@ from typeguard import suppress_type_checks
 import interlock
 from interlock import ResolutionError
 from interlock.connector.registry import current_parts
-from interlock.connector.runner import Written
 from interlock.connector.stages.flags import OneFlag, read_flag, read_flags
+from interlock.connector.written import Written
 from interlock.matrix import FLAG_SPACE, PROFILES, evaluate, outcome_of, profile_named
 from interlock.matrix import parallelism as par
 from interlock.matrix.evaluate import show

@@ -14,7 +14,6 @@ from interlock.connector.runner import (
     Memo,
     Run,
     Step,
-    Written,
     check_steps,
     fact,
     run_memoised,
@@ -24,6 +23,7 @@ from interlock.connector.specs import StrategySpec
 from interlock.connector.stages import STAGES, STEPS
 from interlock.connector.stages.flags import read_flags, seeds
 from interlock.connector.stages.strategy import StrategyChoice
+from interlock.connector.written import Written
 
 
 class Counted(NamedTuple):

@@ -25,11 +25,11 @@ from interlock.connector.rules import (
     audited,
     run_stage,
 )
-from interlock.connector.runner import Written
 from interlock.connector.stages import STAGES
 from interlock.connector.stages.accelerator import AcceleratorInput, choose_accelerator
 from interlock.connector.stages.devices import DevicesInput, place_devices
 from interlock.connector.stages.flags import read_flag, read_flags
+from interlock.connector.written import Written
 from interlock.matrix.profiles import PROFILES
 from interlock.matrix.space import FLAG_SPACE
 from plugins import (

@@ -9,6 +9,7 @@ from typing import Any
 
 from interlock.connector.limits import short_repr
 from interlock.connector.trace import TraceStep
+from interlock.connector.written import Written
 
 #: Every refusal code the engine can raise, with its meaning. Codes are stable API:
 #: a code is never reused for a different meaning.
@@ -68,22 +69,9 @@ ERROR_CODES: Mapping[str, str] = MappingProxyType(
 #: raised before any process starts.
 BUILD_ERROR_CODES: frozenset[str] = frozenset({"unknown-option"})
 
-#: The flags a refusal can name. "environment" means the machine's environment
-#: variables rather than an argument.
-FLAGS: tuple[str, ...] = (
-    "accelerator",
-    "devices",
-    "strategy",
-    "precision",
-    "num_nodes",
-    "plugins",
-    "parallelism",
-    "model",
-    "optimizer",
-    "micro_batch_size",
-    "launcher",
-    "environment",
-)
+#: The flags a refusal can name: `plan()`'s, and "environment", the machine's
+#: environment variables rather than an argument.
+FLAGS: tuple[str, ...] = (*Written._fields, "environment")
 
 
 def did_you_mean(value: object, names: Iterable[str]) -> str | None:

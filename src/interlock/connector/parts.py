@@ -11,12 +11,12 @@ from collections.abc import Mapping
 
 from interlock.connector.machine import Machine
 from interlock.connector.registry import current_parts, registered
-from interlock.connector.runner import Written
 from interlock.connector.specs import StrategySpec
 from interlock.connector.stages.cluster import check_geometry
 from interlock.connector.stages.devices import DevicesInput
 from interlock.connector.stages.devices import place_devices as devices_stage
 from interlock.connector.stages.flags import read_flag
+from interlock.connector.written import Written
 
 __all__ = ["check_cluster_geometry", "cluster_detected", "place_devices"]
 

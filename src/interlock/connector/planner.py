@@ -19,7 +19,7 @@ from interlock.connector.registry import (
     registered,
     registry_version,
 )
-from interlock.connector.runner import Run, Written, fact, run_steps
+from interlock.connector.runner import Run, fact, run_steps
 from interlock.connector.specs import StrategySpec
 from interlock.connector.stages import STAGES, STEPS
 from interlock.connector.stages.accelerator import AcceleratorChoice
@@ -36,6 +36,7 @@ from interlock.connector.tables import (
     RESTART_MAX_BACKOFF_S,
 )
 from interlock.connector.trace import TraceStep
+from interlock.connector.written import Written
 
 __all__ = ["STAGES", "Plan", "plan"]
 

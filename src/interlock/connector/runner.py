@@ -22,34 +22,13 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 from interlock.connector.errors import ResolutionError
 from interlock.connector.trace import TraceStep
+from interlock.connector.written import NOT_WRITTEN, Written
 
 T = TypeVar("T")
-
-
-class Written(NamedTuple):
-    """The flags exactly as the caller wrote them, kept only to quote them in reasons,
-    notes and refusals. Stage functions take it beside their input, so the input holds
-    only what the rules decide from: two spellings of one parsed value are one input."""
-
-    accelerator: object = None
-    devices: object = None
-    strategy: object = None
-    precision: object = None
-    num_nodes: object = None
-    plugins: object = None
-    parallelism: object = None
-    model: object = None
-    optimizer: object = None
-    micro_batch_size: object = None
-    launcher: object = None
-
-
-#: No flags written (a stage run from parsed values only, as the matrix does).
-NOT_WRITTEN = Written()
 
 
 #: What one resolution knows, by name: the seeds, then what each step writes. A fact's

@@ -3,7 +3,7 @@
 Each module holds one stage's rules as named rows and one pure function from a frozen
 input to a frozen result (or a `ResolutionError`):
 
-- flags: `flags.read_flags`, `runner.Written` to `flags.Flags`;
+- flags: `flags.read_flags`, `written.Written` to `flags.Flags`;
 - sizing: `sizing.read_sizing`, `sizing.SizingInput` (the model, optimizer and
   micro-batch flags) to `sizing.Sizing` (which decides nothing unless one is given);
 - accelerator: `accelerator.choose_accelerator`, `accelerator.AcceleratorInput` to

@@ -27,7 +27,7 @@ from interlock.connector.rules import (
     run_decision,
     run_stage,
 )
-from interlock.connector.runner import NOT_WRITTEN, Step, Written
+from interlock.connector.runner import Step
 from interlock.connector.stages.accelerator import devices_on
 from interlock.connector.stages.devices import indexed
 from interlock.connector.tables import (
@@ -41,6 +41,7 @@ from interlock.connector.tables import (
     slurm_step,
 )
 from interlock.connector.trace import TraceStep
+from interlock.connector.written import NOT_WRITTEN, Written
 
 
 class ClusterInput(NamedTuple):

@@ -27,9 +27,10 @@ from interlock.connector.rules import (
     refuse,
     run_stage,
 )
-from interlock.connector.runner import NOT_WRITTEN, Step, Written
+from interlock.connector.runner import Step
 from interlock.connector.stages.accelerator import devices_on, machine_fact
 from interlock.connector.trace import TraceStep
+from interlock.connector.written import NOT_WRITTEN, Written
 
 
 class DevicesInput(NamedTuple):

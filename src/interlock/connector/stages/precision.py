@@ -12,9 +12,10 @@ from typing import ClassVar, NamedTuple
 from interlock.connector.machine import Machine
 from interlock.connector.part_tables import PartTables
 from interlock.connector.rules import Decision, Draft, Rule, Stage, always, refuse, run_stage
-from interlock.connector.runner import NOT_WRITTEN, Step, Written
+from interlock.connector.runner import Step
 from interlock.connector.specs import StrategySpec
 from interlock.connector.trace import TraceStep
+from interlock.connector.written import NOT_WRITTEN, Written
 
 
 class PrecisionInput(NamedTuple):

@@ -24,10 +24,11 @@ from interlock.connector.rules import (
     refuse,
     run_stage,
 )
-from interlock.connector.runner import NOT_WRITTEN, Step, Written
+from interlock.connector.runner import Step
 from interlock.connector.specs import StrategySpec, with_launcher
 from interlock.connector.tables import LauncherRow
 from interlock.connector.trace import TraceStep
+from interlock.connector.written import NOT_WRITTEN, Written
 
 
 class StrategyInput(NamedTuple):

@@ -9,10 +9,10 @@ from typing import ClassVar, NamedTuple
 from interlock.connector.part_tables import PartTables
 from interlock.connector.registration import EntryPointStatus
 from interlock.connector.rules import DevicesRequest, Draft, Plugins, refuse
-from interlock.connector.runner import Written
 from interlock.connector.specs import StrategySpec
 from interlock.connector.tables import DEFAULT_PRECISION
 from interlock.connector.trace import TraceStep
+from interlock.connector.written import Written
 
 _AUTO = DevicesRequest(kind="auto")
 _NO_PLUGINS = Plugins()

@@ -9,7 +9,7 @@ from interlock.connector.machine import Machine
 from interlock.connector.part_tables import PartTables
 from interlock.connector.registration import EntryPointStatus
 from interlock.connector.rules import Decision, Stage, run_decision, run_stage
-from interlock.connector.runner import Facts, Written, written_seeds
+from interlock.connector.runner import Facts, written_seeds
 from interlock.connector.specs import StrategySpec
 from interlock.connector.stages.flags.accelerator import ACCELERATOR_FLAG
 from interlock.connector.stages.flags.conflicts import CONFLICTS, INSTANCE_PARTS
@@ -20,6 +20,7 @@ from interlock.connector.stages.flags.plugins import PLUGINS_FLAG
 from interlock.connector.stages.flags.precision import PRECISION_FLAG
 from interlock.connector.stages.flags.strategy import STRATEGY_FLAG
 from interlock.connector.trace import TraceStep
+from interlock.connector.written import Written
 
 FLAGS_STAGE = Stage(
     name="flags",
