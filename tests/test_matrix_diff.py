@@ -12,7 +12,7 @@ from typeguard import suppress_type_checks
 
 import interlock
 from interlock import ResolutionError
-from interlock.connector.errors import FLAGS
+from interlock.connector.errors import BUILD_ERROR_CODES, ERROR_CODES
 from interlock.connector.stages import STAGES
 from interlock.matrix import diff
 from interlock.matrix import lock as lockfile
@@ -212,9 +212,15 @@ def test_the_tables_name_decisions_the_engine_has() -> None:
     renamed decision would otherwise leave the rules of a diff quietly empty."""
     decisions = {d.id for stage in STAGES for d in stage.decisions}
     named = {d for ds in diff._FIELD_DECISIONS.values() for d in ds}
-    named |= {d for ds in diff._CHECK_DECISIONS.values() for d in ds}
     assert named | set(diff._MESH_DECISIONS) <= decisions
-    assert set(diff._CHECK_DECISIONS) == set(FLAGS)
+
+
+def test_every_refusal_code_has_the_decisions_that_refuse_it() -> None:
+    """A refusal that now resolves is explained by the rules of the decisions that
+    refuse its code (`Rule.refuses`): a code no rule declares would find none."""
+    for code in set(ERROR_CODES) - BUILD_ERROR_CODES:
+        assert diff._refusing(code), code
+    assert diff._refusing("devices-unavailable") == ("devices/place",)
 
 
 # one changed cell ------------------------------------------------------------------
@@ -277,8 +283,8 @@ def test_each_kind_of_change_against_the_engine(text: str, folder: Path,
             "accelerator/explicit-unavailable",
         "world size changed":
             "devices/cuda-count, cluster/devices-as-placed, strategy/devices-as-placed",
-        "refused devices-unavailable (devices) -> resolved":
-            "devices/cuda-count, cluster/consistent",
+        # the decision that refused it (devices/place) now places the devices
+        "refused devices-unavailable (devices) -> resolved": "devices/cuda-count",
         "refused invalid-devices (devices) -> refused devices-unavailable (devices)":
             _refusal_rule(REFUSAL_CELL),
         "precision 16-mixed -> bf16-mixed": "precision/flag",
@@ -296,7 +302,9 @@ def test_each_kind_of_change_against_the_engine(text: str, folder: Path,
     sampled = by_reason["refused invalid-devices (devices) -> resolved"]
     assert sampled.count > diff.RULE_SAMPLE == sampled.planned
     assert sampled.rule is not None
-    assert sampled.rule.split(", ")[:2] == ["cluster/consistent", "devices/cuda-count"]
+    # every decision that can refuse invalid-devices, as it decided in the cells: the
+    # checks every cell passes first (most frequent), then each spelling's placement
+    assert sampled.rule.split(", ")[:2] == ["devices/within-limits", "strategy/supported"]
     assert {"devices/cuda-all", "devices/cuda-ids"} <= set(sampled.rule.split(", "))
     assert all(c.key[:3] == ("cuda-8", "cuda", "ddp_spawn") for c in sampled.cells)
     shown = render_text(found, old, live, limit=2)

@@ -18,6 +18,7 @@ from interlock.connector.errors import ResolutionError
 from interlock.connector.planner import DevicesFlag, Plan, PrecisionFlag, plan
 from interlock.connector.registry import registered, registry_version
 from interlock.connector.specs import StrategySpec
+from interlock.connector.stages import STAGES
 from interlock.matrix import lock
 from interlock.matrix import parallelism as par
 from interlock.matrix.evaluate import show
@@ -45,26 +46,6 @@ _FIELD_DECISIONS: Mapping[str, tuple[str, ...]] = {
     "cluster": ("cluster/detect", "strategy/launcher"),
     "world size": ("devices/place", "cluster/auto-devices", "strategy/auto-devices"),
     "precision": ("precision/source",),
-}
-
-#: the decisions that check each flag a refusal can name: for a refusal that now
-#: resolves, the rules that now let the flag through
-_CHECK_DECISIONS: Mapping[str, tuple[str, ...]] = {
-    "accelerator": ("accelerator/choose",),
-    "devices": ("devices/place", "cluster/check"),
-    "num_nodes": ("devices/limits", "cluster/check", "strategy/check"),
-    "strategy": ("strategy/check", "strategy/launcher"),
-    # the matrix plans every cell with the strategy's own launcher (kept for the record)
-    "launcher": ("strategy/launcher-flag", "strategy/launcher"),
-    "precision": ("precision/check",),
-    "plugins": ("plugins/checkpoint-io",),
-    "parallelism": ("parallelism/dimensions", "parallelism/degrees",
-                    "parallelism/requirements"),
-    "environment": ("cluster/detect", "cluster/check"),
-    # the matrix plans no model: these flags are never its cells' (kept for the record)
-    "model": ("sizing/model", "memory/fit"),
-    "optimizer": ("sizing/optimizer",),
-    "micro_batch_size": ("sizing/micro-batch",),
 }
 
 #: the decisions that decide a parallelism cell's mesh
@@ -504,11 +485,19 @@ def _rule(section: str, cell: ChangedCell) -> str | None:
         decisions = tuple(d for f in _changed_fields(cell.old, cell.new)
                           for d in _FIELD_DECISIONS[f])
     elif cell.old is not None:
-        decisions = _CHECK_DECISIONS.get(cell.old.split(" ")[-1], ())
+        decisions = _refusing(cell.old.split(" ")[0])
     else:
         decisions = tuple(d for f in _FIELDS for d in _FIELD_DECISIONS[f])
     rules = dict.fromkeys(s.rule for s in result.trace if s.decision in decisions)
     return ", ".join(rules) or None
+
+
+def _refusing(code: str) -> tuple[str, ...]:
+    """The decisions with a rule that refuses with ``code``: for a cell that was refused
+    with it and now resolves, their rules are the ones that now let it through. Read
+    from the rules themselves (`Rule.refuses`), so a new flag or code needs no table."""
+    return tuple(decision.id for stage in STAGES for decision in stage.decisions
+                 if any(rule.refuses == code for rule in decision.rules))
 
 
 def _replan(key: CellKey, space: FlagSpace) -> Plan | None:
