@@ -260,13 +260,19 @@ def _run_decisions(stage: str, decisions: tuple[Decision[D], ...], draft: D,
                 try:
                     reason = rule.then(draft)
                 except ResolutionError as error:
-                    error.rule = rule.id
-                    error.trace = tuple(trace)
+                    _refused_by(rule, error, trace)
                     raise
                 trace.append(TraceStep(stage, decision.id, rule.id, reason))
                 break
         else:
             raise RuntimeError(f"internal error: no rule of {decision.id!r} matched")
+
+
+def _refused_by(rule: Rule[D], error: ResolutionError, trace: list[TraceStep]) -> None:
+    """Mark ``error``, raised by ``rule``'s action, with the rule's id and the trace so
+    far."""
+    error.rule = rule.id
+    error.trace = tuple(trace)
 
 
 def _run_audited(stage: str, decision: Decision[D], rules: tuple[Rule[D], ...], draft: D,
@@ -281,8 +287,7 @@ def _run_audited(stage: str, decision: Decision[D], rules: tuple[Rule[D], ...], 
         try:
             reason = rule.then(draft)
         except ResolutionError as error:
-            error.rule = rule.id
-            error.trace = tuple(trace)
+            _refused_by(rule, error, trace)
             raise
         finally:
             _check(rule, "action", before, draft, type(draft).OUTPUTS | {"notes"})
