@@ -4,10 +4,10 @@ environment, launcher, checkpoint IO) finds its row by name and loads the
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, cast
 
+from interlock.connector.errors import did_you_mean
 from interlock.connector.registry import kind_of, registered
 from interlock.connector.registry import load_reference as load_part
 
@@ -36,8 +36,8 @@ def row_named(row_type: type[R], name: str) -> R:
     rows = registered(row_type)
     row = rows.get(name) if isinstance(name, str) else None
     if row is None:
-        close = difflib.get_close_matches(str(name), list(rows), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        close = did_you_mean(name, rows)
+        hint = f" Did you mean {close!r}?" if close else ""
         raise ValueError(f"unknown {kind_of(row_type).noun} {name!r}.{hint} "
                          f"Choices: {', '.join(rows)}.")
     return row
