@@ -72,6 +72,7 @@ BUILD_ERROR_CODES: frozenset[str] = frozenset({"unknown-option"})
 #: The flags a refusal can name: `plan()`'s, and "environment", the machine's
 #: environment variables rather than an argument.
 FLAGS: tuple[str, ...] = (*Written._fields, "environment")
+_FLAG_SET = frozenset(FLAGS)
 
 
 def did_you_mean(value: object, names: Iterable[str]) -> str | None:
@@ -118,7 +119,7 @@ class ResolutionError(ValueError):
     ) -> None:
         if code not in ERROR_CODES:
             raise RuntimeError(f"internal error: unregistered refusal code {code!r}")
-        if flag not in FLAGS:
+        if flag not in _FLAG_SET:
             raise RuntimeError(f"internal error: unknown flag {flag!r} in a refusal")
         self.code = code
         self.flag = flag

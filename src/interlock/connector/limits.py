@@ -61,6 +61,13 @@ def short_repr(value: object) -> str:
     a 5,000-digit int or string) is shown by its start and its size, never converted
     in full: Python refuses to turn an int of more than 4,300 digits into text at all.
     """
+    kind = type(value)
+    if kind is int and -(1 << 63) < value < (1 << 63):  # type: ignore[operator]
+        return repr(value)  # what reprlib gives, without its dispatch
+    if kind is str and len(value) <= _REPR.maxstring:  # type: ignore[arg-type]
+        text = repr(value)
+        if len(text) <= _REPR.maxstring:
+            return text  # reprlib cuts only a longer repr
     text = _REPR.repr(value)
     if isinstance(value, (str, list, tuple)) and len(value) > (
             _REPR.maxstring if isinstance(value, str) else _REPR.maxlist):

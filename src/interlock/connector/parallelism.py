@@ -121,9 +121,18 @@ class Parallelism:
     cp: Degree = 1
 
     def __post_init__(self) -> None:
+        # every plan makes a few of these: an int degree and 'auto' as such are taken
+        # as they are, anything else is checked and normalised (`_degree`)
+        autos: list[str] = []
         for name in DIMS:
-            object.__setattr__(self, name, _degree(name, getattr(self, name), self))
-        autos = [name for name in DIMS if getattr(self, name) == "auto"]
+            value = getattr(self, name)
+            if type(value) is int and 1 <= value <= _MAX_DEGREE:
+                continue
+            if not (type(value) is str and value == "auto"):
+                value = _degree(name, value, self)
+                object.__setattr__(self, name, value)
+            if value == "auto":
+                autos.append(name)
         if len(autos) > 1:
             raise _refuse(
                 self.describe(),

@@ -305,7 +305,11 @@ def entry_points(kind: str | None = None) -> tuple[EntryPointStatus, ...]:
 def broken_entry_points(kind: str | None = None) -> tuple[EntryPointStatus, ...]:
     """The entry points of one kind's group (None: of every group) that failed to load
     (their rows are unavailable)."""
-    return tuple(ep for ep in entry_points(kind) if ep.broken)
+    if kind is not None:  # plan() asks for one kind, whose group is usually empty
+        _ensure_loaded()
+        found = _kind(kind).entry_points
+        return tuple(ep for ep in found if ep.broken) if found else ()
+    return tuple(ep for ep in entry_points() if ep.broken)
 
 
 # --------------------------------------------------------------------------- the verbs
@@ -322,12 +326,22 @@ def _row_type_names() -> str:
     return ", ".join(ref.partition(":")[2] for k in KINDS.values() for ref in k.row_types)
 
 
+#: `kind_of`'s answers by row type (the kinds are fixed at import): `registered()` runs
+#: in every `plan()` call, and finding a kind by its import strings costs a microsecond
+_KIND_OF: dict[type, RowKind] = {}
+
+
 def kind_of(row_type: object) -> RowKind:
     """The kind whose rows have type ``row_type`` (or a base class of it)."""
+    known = _KIND_OF.get(row_type) if isinstance(row_type, type) else None
+    if known is not None:
+        return known
     for cls in getattr(row_type, "__mro__", ()):
         reference = f"{cls.__module__}:{cls.__qualname__}"
         for row_kind in KINDS.values():
             if reference in row_kind.row_types:
+                if isinstance(row_type, type):
+                    _KIND_OF[row_type] = row_kind
                 return row_kind
     named = row_type.__name__ if isinstance(row_type, type) else short_repr(row_type)
     raise RegistrationError(f"{named} is no kind of row; the row types are "
@@ -406,13 +420,22 @@ def registered(row_type: type[R]) -> Mapping[str, R]:
         RegistrationError: ``row_type`` is no kind of row, or is `StrategyPreset`
             (presets are kept as the specs they expand to: ask for `StrategySpec`).
     """
-    row_kind = kind_of(row_type)
-    if getattr(row_type, "__qualname__", None) != row_kind.row_types[0].partition(":")[2]:
-        kept = row_kind.row_types[0].partition(":")[2]
-        raise RegistrationError(f"{row_type.__name__} rows are kept as {kept} rows: "
-                                f"use registered({kept})")
-    _ensure_loaded()
-    return cast("Mapping[str, R]", row_kind.view)
+    view = _VIEW_OF.get(row_type)
+    if view is None:
+        row_kind = kind_of(row_type)
+        if getattr(row_type, "__qualname__", None) != row_kind.row_types[0].partition(":")[2]:
+            kept = row_kind.row_types[0].partition(":")[2]
+            raise RegistrationError(f"{row_type.__name__} rows are kept as {kept} rows: "
+                                    f"use registered({kept})")
+        view = _VIEW_OF[row_type] = row_kind.view
+    if not _loaded:
+        load_entry_points()
+    return cast("Mapping[str, R]", view)
+
+
+#: `registered`'s answer by row type, checked once: each kind's view is one object for
+#: the life of the process (it shows the rows as they change)
+_VIEW_OF: dict[type, Mapping[str, Any]] = {}
 
 
 # --------------------------------------------------------------------------- helpers

@@ -89,8 +89,9 @@ def _missing_packages(row: AcceleratorRow, ctx: AcceleratorDraft) -> tuple[str, 
 def available_on(row: AcceleratorRow, machine: Machine) -> bool:
     """Whether ``machine`` can run the accelerator of ``row``: it has every package the
     row requires, and devices of its kind (the CPU always has)."""
-    return (all(p in machine.packages for p in row.requires)
-            and device_count(row, machine) != 0)
+    if row.requires and not all(p in machine.packages for p in row.requires):
+        return False
+    return device_count(row, machine) != 0
 
 
 def _available(name: str, ctx: AcceleratorDraft) -> bool:
