@@ -261,6 +261,46 @@ def _gloo_group_in_a_cycle() -> dict[str, Any]:
     return holder
 
 
+#: a fresh interpreter: a checker registered at exit before the collective's hook
+#: (exit hooks run last first), then a gloo group left in a reference cycle, as a
+#: device mesh leaves its groups after teardown
+_EXIT_SCRIPT = """
+import atexit, datetime, os, sys
+import torch.distributed as dist
+from interlock.strategies.collectives import TorchCollective
+
+def gloo_threads():
+    names = [open(f"/proc/self/task/{t}/comm").read().strip()
+             for t in os.listdir("/proc/self/task")]
+    print("gloo threads at exit:", names.count("pt_gloo_runloop"), flush=True)
+
+atexit.register(gloo_threads)
+collective = TorchCollective()
+collective.setup(backend="gloo", rank=0, world_size=1, store=dist.HashStore())
+holder = {"group": dist.ProcessGroupGloo(dist.HashStore(), 0, 1,
+                                         datetime.timedelta(seconds=30))}
+holder["self"] = holder
+del holder
+collective.teardown()
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
+@pytest.mark.timeout(60)
+def test_process_groups_in_a_cycle_are_freed_before_the_interpreter_shuts_down() -> None:
+    """A rank whose groups were left to the cyclic collector met them in the
+    interpreter's last collection, during shutdown, where a gloo thread that still held
+    a tensor could not take the GIL and aborted the process (a rank that finished its
+    work was reported as killed by a signal): they are collected at exit instead."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT], capture_output=True,
+                          text=True, timeout=50, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "gloo threads at exit: 0" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
 #: what the launching process keeps alive across a launch (see the test below)
 _KEPT: dict[str, Any] = {}
 

@@ -143,29 +143,3 @@ def test_missing_or_broken_parallelize_fn_is_explained() -> None:
                                             parallel_devices=["cpu", "cpu"]),
                       workloads.train, 1)
 
-
-def _gloo_threads() -> int:
-    """This process's gloo worker threads (Linux names them in /proc)."""
-    tasks = Path("/proc/self/task")
-    return sum((task / "comm").read_text().strip() == "pt_gloo_runloop"
-               for task in tasks.iterdir())
-
-
-def _threads_around_teardown(strategy: Any) -> tuple[int, int]:
-    strategy.collective.all_gather_object(strategy.global_rank)
-    before = _gloo_threads()
-    strategy.teardown()  # what the launch does after this returns; safe to do twice
-    return before, _gloo_threads()
-
-
-@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
-@pytest.mark.timeout(90)
-def test_teardown_frees_every_process_group_of_the_mesh() -> None:
-    """The device mesh's groups sit in reference cycles: left to the cyclic collector
-    they outlive teardown (every launch in the caller's process kept its groups and
-    their threads), and a rank freed them while its interpreter shut down, where a gloo
-    thread that still held a tensor aborted the process ("terminate called without an
-    active exception", reported as killed by a signal)."""
-    counts = launch_forked(model_parallel(), _threads_around_teardown)
-    assert counts[0] > 0, "the mesh's process groups run gloo threads before teardown"
-    assert counts[1] == 0, f"{counts[1]} gloo threads outlived teardown"

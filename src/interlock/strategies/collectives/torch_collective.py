@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import gc
 from typing import Any
@@ -18,6 +19,28 @@ _OPS = {
     "max": dist.ReduceOp.MAX,
     "min": dist.ReduceOp.MIN,
 }
+
+
+#: whether this process collects its garbage before its interpreter shuts down
+_FREES_AT_EXIT = [False]
+
+
+def free_groups_at_exit() -> None:
+    """Collect this process's garbage at exit, while its interpreter is still whole
+    (once per process; `TorchCollective.setup` calls it).
+
+    A device mesh keeps its process groups in reference cycles (torch's DeviceMesh
+    objects point at each other), so destroying them leaves them to the cyclic
+    collector. A rank that exits right after teardown met them in the interpreter's
+    last collection, during its shutdown, where a gloo worker thread that still held a
+    tensor could not take the GIL and aborted the process ("terminate called without
+    an active exception": the rank was reported as killed by a signal). An exit hook
+    runs before that, when the threads can still finish. (A forked rank ends with
+    ``os._exit`` and never finalises anything.)
+    """
+    if not _FREES_AT_EXIT[0]:
+        atexit.register(gc.collect)
+        _FREES_AT_EXIT[0] = True
 
 
 class TorchCollective(Collective):
@@ -55,17 +78,11 @@ class TorchCollective(Collective):
             timeout=timeout, device_id=device_id,
         )
         self._created = True
+        free_groups_at_exit()
 
     def teardown(self) -> None:
         if self._created and dist.is_initialized():
             dist.destroy_process_group()
-            # A device mesh keeps its groups in reference cycles (torch's DeviceMesh
-            # objects point at each other), so destroying them leaves them alive until
-            # the cyclic collector runs: every launch in the caller's process kept its
-            # groups, with their threads and sockets, and a rank that exited next freed
-            # them while its interpreter shut down, when a gloo thread that still held
-            # a tensor cannot take the GIL and aborts the process. Freed now instead.
-            gc.collect()
         self._created = False
 
     @property
