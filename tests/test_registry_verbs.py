@@ -105,7 +105,7 @@ def test_a_preset_is_registered_and_read_as_the_spec_it_expands_to() -> None:
     assert "ddp_verbs" not in registered(StrategySpec)
 
 
-@pytest.mark.parametrize("what", ["precisions", 3, None, dict])
+@pytest.mark.parametrize("what", ["precisions", 3, None, dict, [1], {}])
 def test_a_verb_given_no_row_type_says_which_types_there_are(what: object) -> None:
     """A user's script passes anything (typeguard would stop it first in these tests)."""
     types = r"PackageRow, PrecisionRow, .*StrategySpec, StrategyPreset"

@@ -285,7 +285,8 @@ collective.teardown()
 """
 
 
-@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(),
+                    reason="Linux only: counts the process's threads in /proc/self/task")
 @pytest.mark.timeout(60)
 def test_process_groups_in_a_cycle_are_freed_before_the_interpreter_shuts_down() -> None:
     """A rank whose groups were left to the cyclic collector met them in the

@@ -420,14 +420,16 @@ def registered(row_type: type[R]) -> Mapping[str, R]:
         RegistrationError: ``row_type`` is no kind of row, or is `StrategyPreset`
             (presets are kept as the specs they expand to: ask for `StrategySpec`).
     """
-    view = _VIEW_OF.get(row_type)
+    view = _VIEW_OF.get(row_type) if isinstance(row_type, type) else None
     if view is None:
         row_kind = kind_of(row_type)
         if getattr(row_type, "__qualname__", None) != row_kind.row_types[0].partition(":")[2]:
             kept = row_kind.row_types[0].partition(":")[2]
             raise RegistrationError(f"{row_type.__name__} rows are kept as {kept} rows: "
                                     f"use registered({kept})")
-        view = _VIEW_OF[row_type] = row_kind.view
+        view = row_kind.view
+        if isinstance(row_type, type):
+            _VIEW_OF[row_type] = view
     if not _loaded:
         load_entry_points()
     return cast("Mapping[str, R]", view)
