@@ -15,6 +15,7 @@ from third_party_parts import CountingPrecision, GradSumPrecision, GridEnvironme
 
 import interlock
 from interlock import CheckpointIORow, ClusterRow, Machine, PrecisionRow
+from interlock.strategies.base import Strategy
 from interlock.strategies.fsdp import FSDPStrategy
 from interlock.strategies.precision.fsdp import FSDPPrecision
 
@@ -164,3 +165,61 @@ def test_a_registered_checkpoint_io_is_built_from_its_row() -> None:
         interlock.unregister(interlock.CheckpointIORow, broken.name)
     with pytest.raises(ValueError, match="unknown checkpoint IO 'probe_tagged'"):
         checkpoint_io_for("probe_tagged")
+
+
+def test_a_plan_carries_the_rows_it_chose() -> None:
+    planned = interlock.plan(accelerator="cpu", devices=2, strategy="ddp_fork",
+                             precision="bf16-mixed", machine=Machine())
+    rows = planned.rows
+    assert {kind: row.name for kind, row in rows.items()} == {
+        "strategies": "ddp_fork", "accelerators": "cpu", "precisions": "bf16-mixed",
+        "environments": "local", "checkpoint_io": "torch", "launchers": "fork"}
+    assert rows["strategies"] is planned.spec
+    assert planned.row(PrecisionRow) is interlock.registered(PrecisionRow)["bf16-mixed"]
+    assert planned.row(interlock.LauncherRow).start_method == "fork"
+    single = interlock.plan(accelerator="cpu", strategy="single_device", machine=Machine())
+    with pytest.raises(LookupError, match="this plan chose no launcher row"):
+        single.row(interlock.LauncherRow)
+    with pytest.raises(interlock.RegistrationError, match="int is no kind of row"):
+        single.row(int)
+
+
+def test_a_plan_builds_the_rows_it_planned_with_after_the_registry_changes() -> None:
+    """Building reads the plan's rows, not the registry again: a precision unregistered
+    after planning still builds, and one registered again under the same name with
+    another factory does not replace the planned one."""
+    import dataclasses
+
+    interlock.register(COUNTING)
+    try:
+        planned = interlock.plan(accelerator="cpu", strategy="single_device",
+                                 precision="32-counting", machine=Machine())
+    finally:
+        interlock.unregister(PrecisionRow, COUNTING.name)
+    def built(plan: interlock.Plan) -> object:
+        strategy = plan.build()
+        assert isinstance(strategy, Strategy)
+        return strategy.precision
+
+    assert type(built(planned)) is CountingPrecision
+    other = dataclasses.replace(COUNTING, factory="interlock.strategies.precision:TruePrecision")
+    interlock.register(other)
+    try:
+        assert type(built(planned)) is CountingPrecision
+        again = interlock.plan(accelerator="cpu", strategy="single_device",
+                               precision="32-counting", machine=Machine())
+        assert type(built(again)).__name__ == "TruePrecision"
+    finally:
+        interlock.unregister(PrecisionRow, COUNTING.name)
+
+
+def test_a_pickled_plan_reads_the_rows_of_the_process_it_is_unpickled_in() -> None:
+    """A spawned rank's strategy pickles its plan: the registry snapshot stays behind
+    (its rows may hold callables that do not pickle), the rest arrives equal."""
+    import pickle
+
+    planned = interlock.plan(accelerator="cpu", devices=2, strategy="ddp_spawn",
+                             machine=Machine(environ={"PROBE_GRID_JOB": "1"}))
+    back = pickle.loads(pickle.dumps(planned))
+    assert back == planned and back._tables is None and planned._tables is not None
+    assert back.rows == planned.rows

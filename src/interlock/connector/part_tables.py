@@ -62,6 +62,8 @@ class PartTables:
 
     Attributes:
         version: the `registry_version` it was taken at.
+        rows: every kind's rows by name, keyed by the registry's kind
+            (``"precisions"``, ``"strategies"``, ...): what a `Plan` finds its rows in.
         packages: the optional packages by name, built-in first.
         precisions, accelerators, environments, launchers, checkpoint_ios, optimizers:
             the rows by name, built-in first, then registered in registration order.
@@ -80,6 +82,7 @@ class PartTables:
     """
 
     version: int
+    rows: Mapping[str, Mapping[str, Any]]
     packages: Mapping[str, PackageRow]
     precisions: Mapping[str, PrecisionRow]
     accelerators: Mapping[str, AcceleratorRow]
@@ -172,9 +175,9 @@ def take_snapshot(version: int, *, rows: Mapping[str, Mapping[str, Any]],
     def added(kind: str) -> tuple[Any, ...]:
         return tuple(r for n, r in rows[kind].items() if n not in builtin[kind])
 
-    precisions: dict[str, PrecisionRow] = dict(rows["precisions"])
-    accelerators: dict[str, AcceleratorRow] = dict(rows["accelerators"])
-    environments: dict[str, ClusterRow] = dict(rows["environments"])
+    by_kind = {kind: MappingProxyType(dict(found)) for kind, found in rows.items()}
+    accelerators: Mapping[str, AcceleratorRow] = by_kind["accelerators"]
+    environments: Mapping[str, ClusterRow] = by_kind["environments"]
     added_precisions: tuple[PrecisionRow, ...] = added("precisions")
     added_environments: tuple[ClusterRow, ...] = added("environments")
     accelerator_precisions = {
@@ -188,14 +191,15 @@ def take_snapshot(version: int, *, rows: Mapping[str, Mapping[str, Any]],
                  DETECTION_VARIABLE)
     return PartTables(
         version=version,
-        packages=MappingProxyType(dict(rows["packages"])),
-        precisions=MappingProxyType(precisions),
-        accelerators=MappingProxyType(accelerators),
-        environments=MappingProxyType(environments),
-        launchers=MappingProxyType(dict(rows["launchers"])),
-        checkpoint_ios=MappingProxyType(dict(rows["checkpoint_io"])),
-        optimizers=MappingProxyType(dict(rows["optimizers"])),
-        precision_names=tuple(precisions),
+        rows=MappingProxyType(by_kind),
+        packages=by_kind["packages"],
+        precisions=by_kind["precisions"],
+        accelerators=accelerators,
+        environments=environments,
+        launchers=by_kind["launchers"],
+        checkpoint_ios=by_kind["checkpoint_io"],
+        optimizers=by_kind["optimizers"],
+        precision_names=tuple(by_kind["precisions"]),
         accelerator_names=tuple(accelerators),
         accelerator_inputs=accelerator_inputs(accelerators),
         added_accelerators=added("accelerators"),

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import ClassVar, Protocol, TypeAlias
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any, ClassVar, Protocol, TypeAlias, TypeVar, cast
 
 from interlock.connector.errors import ResolutionError
 from interlock.connector.limits import MAX_DEVICES_PER_NODE
@@ -13,9 +14,11 @@ from interlock.connector.machine import Machine
 from interlock.connector.memory import MemoryEstimate, format_bytes
 from interlock.connector.model import ModelShape
 from interlock.connector.parallelism import MeshLayout, Parallelism
+from interlock.connector.part_tables import PartTables
 from interlock.connector.registry import (
     broken_entry_points,
     current_parts,
+    kind_of,
     registered,
     registry_version,
 )
@@ -34,11 +37,14 @@ from interlock.connector.tables import (
     RESTART_BACKOFF_FACTOR,
     RESTART_BACKOFF_S,
     RESTART_MAX_BACKOFF_S,
+    LauncherRow,
 )
 from interlock.connector.trace import TraceStep
 from interlock.connector.written import Written
 
 __all__ = ["STAGES", "Plan", "plan"]
+
+R = TypeVar("R")
 
 class AcceleratorPart(Protocol):
     """What the engine needs of an Accelerator instance passed as ``accelerator=``."""
@@ -123,11 +129,59 @@ class Plan:
     memory: MemoryEstimate | None = None
     model: ModelShape | None = field(default=None, repr=False)
     optimizer: str | None = None
+    #: the registry's rows when it was planned, which `rows` reads (None: the
+    #: current rows, for a plan made by hand or unpickled)
+    _tables: PartTables | None = field(default=None, repr=False, compare=False)
 
     @property
     def devices(self) -> int:
         """Processes (devices) per node."""
         return len(self.parallel_devices)
+
+    @property
+    def rows(self) -> Mapping[str, Any]:
+        """The row of each kind this plan chose, keyed by the registry's kind
+        (``"strategies"``, ``"accelerators"``, ``"precisions"``, ``"environments"``,
+        ``"checkpoint_io"``, and ``"launchers"`` and ``"optimizers"`` when it has
+        them), as they were registered when it was planned: building the plan reads
+        its parts from these rows, so a row unregistered or replaced afterwards does
+        not change what the plan builds. A name no row has (a plugin instance's own)
+        has no entry."""
+        tables = self._tables if self._tables is not None else current_parts()
+        chosen = {"accelerators": self.accelerator, "precisions": self.precision,
+                  "environments": self.cluster_environment,
+                  "checkpoint_io": self.checkpoint_io, "launchers": self.launcher,
+                  "optimizers": self.optimizer}
+        found: dict[str, Any] = {"strategies": self.spec}
+        for kind, name in chosen.items():
+            row = tables.rows[kind].get(name) if name is not None else None
+            if row is not None:
+                found[kind] = row
+        return MappingProxyType(found)
+
+    def row(self, row_type: type[R]) -> R:
+        """The row of ``row_type``'s kind this plan chose (see `rows`):
+        ``plan.row(PrecisionRow)``.
+
+        Raises:
+            LookupError: the plan chose no row of that kind (no launcher for a strategy
+                that runs in the calling process, no optimizer without a model, a
+                plugin instance's own name).
+            RegistrationError: ``row_type`` is no kind of row.
+        """
+        row_kind = kind_of(row_type)
+        found = self.rows.get(row_kind.kind)
+        if found is None:
+            raise LookupError(f"this plan chose no {row_kind.noun} row")
+        return cast("R", found)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickled (a spawned rank's strategy holds its plan) without the snapshot: its
+        # rows may hold callables that do not pickle (a detection predicate), and a
+        # plan unpickled in another process reads the rows registered there
+        state = {f.name: getattr(self, f.name) for f in fields(self)}
+        state["_tables"] = None
+        return (_unpickled_plan, (state,))
 
     def build(self) -> StrategyPart:
         """Wire the strategy this plan describes: the second half of
@@ -168,7 +222,7 @@ class Plan:
         if self.launcher is None:
             return ("the exception reaches the caller; launch(max_restarts=N) runs the "
                     f"function again in this process, up to N more times, after {backoff}")
-        row = current_parts().launchers.get(self.launcher)
+        row: LauncherRow | None = self.rows.get("launchers")
         if row is None:
             return "decided by the launcher"
         if row.restarts:
@@ -232,6 +286,10 @@ class Plan:
                 "model": self.model.to_dict() if self.model is not None else None}
                if self.memory is not None else {}),
         }
+
+
+def _unpickled_plan(state: dict[str, Any]) -> Plan:
+    return Plan(**state)
 
 
 #: what builds a Plan's strategy (`interlock.resolving.build`), handed over by
@@ -555,4 +613,5 @@ def _chain(machine: Machine, specs: Mapping[str, StrategySpec], written: Written
         memory=memory.estimate if memory is not None else None,
         model=done.result("sizing", Sizing).shape if memory is not None else None,
         optimizer=memory.optimizer if memory is not None else None,
+        _tables=parts,
     )

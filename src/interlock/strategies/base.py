@@ -188,6 +188,15 @@ class Strategy(ABC):
             return "external"
         return own
 
+    def _launcher_row(self) -> str | LauncherRow | None:
+        """What :meth:`_make_launcher` makes: the plan's launcher row when planned
+        (`interlock.Plan.rows`), else :meth:`_launcher_name`."""
+        name = self._launcher_name()
+        if self.plan is not None and name is not None and name == self.plan.launcher:
+            found: LauncherRow | None = self.plan.rows.get("launchers")
+            return found if found is not None else name
+        return name
+
     def _unplanned_launcher(self) -> str | None:
         """The launcher this class starts processes with when no plan says; None runs
         in the calling process."""
@@ -196,10 +205,10 @@ class Strategy(ABC):
     def _make_launcher(self) -> Launcher | None:
         """The launcher :meth:`_launcher_name` names, for this strategy's one process
         (:class:`~interlock.strategies.parallel.ParallelStrategy` gives its own count)."""
-        name = self._launcher_name()
-        if name is None:
+        row = self._launcher_row()
+        if row is None:
             return None
-        return launcher_for(name, num_processes=1, num_nodes=1,
+        return launcher_for(row, num_processes=1, num_nodes=1,
                             cluster=self.cluster_environment,
                             device_type=self.root_device.type)
 

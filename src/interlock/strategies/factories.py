@@ -1,6 +1,7 @@
 """A part from its row: the one way every part kind (precision, accelerator, cluster
-environment, launcher, checkpoint IO) finds its row by name and loads the
-``"package.module:Class"`` its ``factory`` names."""
+environment, launcher, checkpoint IO) loads the ``"package.module:Class"`` its row's
+``factory`` names. A strategy built from a plan hands over the plan's rows
+(`interlock.Plan.rows`); a name is looked up in the registry."""
 
 from __future__ import annotations
 
@@ -43,18 +44,20 @@ def row_named(row_type: type[R], name: str) -> R:
     return row
 
 
-def part_class(row_type: type[R], name: str, base: Callable[..., T]
+def part_class(row_type: type[R], row: R | str, base: Callable[..., T]
                ) -> tuple[R, type[T]]:
-    """The row named ``name`` and the class its factory names, a subclass of the class
-    ``base`` (typed as a callable: an abstract class is no ``type[T]`` to mypy).
+    """``row`` (a row of ``row_type``, or the name of a registered one) and the class
+    its factory names, a subclass of the class ``base`` (typed as a callable: an
+    abstract class is no ``type[T]`` to mypy).
 
     Raises:
         ValueError: no row of that kind has that name.
         ImportError: the factory cannot be imported (naming what to install).
         TypeError: the factory is not a subclass of ``base``.
     """
-    row = row_named(row_type, name)
-    noun = kind_of(row_type).noun
+    if not isinstance(row, row_type):  # a name (anything else is refused as unknown)
+        row = row_named(row_type, cast("str", row))
+    noun, name = kind_of(row_type).noun, row.name
     cls: Any = load_part(noun, name, row.factory, getattr(row, "requires", ()))
     if not (isinstance(cls, type) and isinstance(base, type) and issubclass(cls, base)):
         raise TypeError(f"{noun} {name!r}: its factory {row.factory} is not a subclass of "

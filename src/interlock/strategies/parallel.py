@@ -139,7 +139,7 @@ class ParallelStrategy(Strategy):
         # says its plan's accelerator, else "cpu"
         device_type = (self.parallel_devices[0].type if self.parallel_devices
                        else self.plan.accelerator if self.plan is not None else "cpu")
-        return launcher_for(self._launcher_name(), num_processes=self.num_processes,
+        return launcher_for(self._launcher_row(), num_processes=self.num_processes,
                             num_nodes=self.num_nodes, cluster=self.cluster_environment,
                             device_type=device_type)
 

@@ -35,9 +35,10 @@ _PLUGIN_BASES: dict[str, type] = {
 class Parts:
     """A strategy's parts as one Plan decided them.
 
-    The engine decides by name (``Plan.launcher``, ``Plan.checkpoint_io``, ...) and
-    carries the objects the user passed (plugins, an accelerator instance); this is the
-    one place those names become objects. A strategy never chooses a part again: it
+    The engine decides by row (`interlock.Plan.rows`: ``Plan.launcher``,
+    ``Plan.checkpoint_io``, ... name them) and carries the objects the user passed
+    (plugins, an accelerator instance); this is the one place those rows become
+    objects. A strategy never chooses a part again: it
     keeps what its constructor was given and takes the rest from here.
 
     Attributes:
@@ -77,15 +78,17 @@ class Parts:
         precision = by_kind.get("precision")
         checkpoint_io = by_kind.get("checkpoint_io")
         cluster = by_kind.get("cluster_environment")
+        rows = plan.rows  # what the plan chose, as registered when it was planned
         return cls(
             accelerator=accelerator if isinstance(accelerator, Accelerator)
-            else accelerator_for(plan.accelerator),
+            else accelerator_for(rows.get("accelerators", plan.accelerator)),
             precision=precision if isinstance(precision, Precision)
-            else precision_for(plan.precision, plan.accelerator, plan.spec.precision_plugin),
+            else precision_for(rows.get("precisions", plan.precision), plan.accelerator,
+                               plan.spec.precision_plugin),
             checkpoint_io=checkpoint_io if isinstance(checkpoint_io, CheckpointIO)
-            else checkpoint_io_for(plan.checkpoint_io),
+            else checkpoint_io_for(rows.get("checkpoint_io", plan.checkpoint_io)),
             cluster_environment=cluster if isinstance(cluster, ClusterEnvironment)
-            else environment_for(plan.cluster_environment),
+            else environment_for(rows.get("environments", plan.cluster_environment)),
             launcher=plan.launcher,
             parallel_devices=tuple(torch.device(d) for d in plan.parallel_devices),
             num_nodes=plan.num_nodes,

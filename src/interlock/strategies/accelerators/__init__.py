@@ -10,8 +10,8 @@ from interlock.strategies.accelerators.mps import MPSAccelerator
 from interlock.strategies.accelerators.xla import XLAAccelerator
 
 
-def accelerator_for(name: str) -> Accelerator:
-    """The accelerator instance for an accelerator row's name (built-in or registered):
+def accelerator_for(name: str | AcceleratorRow) -> Accelerator:
+    """The accelerator instance for an accelerator row (or a registered row's name):
     its ``factory`` class, made with no arguments.
 
     Raises:

@@ -17,9 +17,10 @@ from interlock.strategies.environments.torchelastic import TorchElasticEnvironme
 from interlock.strategies.environments.xla import XLAEnvironment
 
 
-def environment_for(name: str, environ: Mapping[str, str] | None = None) -> ClusterEnvironment:
-    """The cluster environment for one of the engine's cluster names (a Plan's
-    ``cluster_environment``), reading ``environ`` (default ``os.environ``).
+def environment_for(name: str | ClusterRow, environ: Mapping[str, str] | None = None
+                    ) -> ClusterEnvironment:
+    """The cluster environment for a cluster row (or a registered row's name: a
+    Plan's ``cluster_environment``), reading ``environ`` (default ``os.environ``).
 
     Raises:
         ValueError: ``name`` is not a cluster name the engine knows.

@@ -38,10 +38,10 @@ if TYPE_CHECKING:
     from interlock.strategies.environments import ClusterEnvironment
 
 
-def launcher_for(name: str | None, *, num_processes: int, num_nodes: int,
+def launcher_for(name: str | LauncherRow | None, *, num_processes: int, num_nodes: int,
                  cluster: ClusterEnvironment, device_type: str = "cpu") -> Launcher | None:
-    """The launcher that a name of the launcher table (a Plan's ``launcher``) stands
-    for, set up for ``num_processes`` per node on ``num_nodes`` nodes, each process on
+    """The launcher a launcher row (or a registered row's name: a Plan's ``launcher``)
+    stands for, set up for ``num_processes`` per node on ``num_nodes`` nodes, each process on
     one device of ``device_type`` (``"cpu"``, ``"cuda"``: the launcher's
     :attr:`~Launcher.device_type`); None runs in the calling process.
 
@@ -56,10 +56,11 @@ def launcher_for(name: str | None, *, num_processes: int, num_nodes: int,
     """
     if name is None:
         return None
-    row_named(LauncherRow, name)  # an unknown name is refused before anything else
-    if name in ("subprocess", "external") and history.is_script_child():
+    # an unknown name is refused before anything else
+    row = name if isinstance(name, LauncherRow) else row_named(LauncherRow, name)
+    if row.name in ("subprocess", "external") and history.is_script_child():
         return SubprocessScriptLauncher(num_processes=num_processes)
-    row, cls = part_class(LauncherRow, name, Launcher)
+    row, cls = part_class(LauncherRow, row, Launcher)
     launcher = cls.for_job(row, num_processes=num_processes, num_nodes=num_nodes,
                            cluster=cluster)
     launcher.device_type = device_type

@@ -33,11 +33,13 @@ __all__ = [
 ]
 
 
-def precision_for(name: str, device_type: str, plugin: str | None = None) -> Precision:
-    """The plugin for a canonical precision name on a device type.
+def precision_for(name: str | PrecisionRow, device_type: str,
+                  plugin: str | None = None) -> Precision:
+    """The plugin for a precision row (or a registered row's name: the Plan's
+    ``precision``) on a device type.
 
     Args:
-        name: a canonical name from ``PRECISION_NAMES`` (the Plan's ``precision``).
+        name: the precision's row, or its canonical name.
         device_type: the accelerator's torch device type (``"cpu"``, ``"cuda"``, ...).
         plugin: a strategy's own plugin family (``StrategySpec.precision_plugin``:
             ``"fsdp"``, ``"deepspeed"``, ``"xla"``); None takes the precision table's.
@@ -52,7 +54,7 @@ def precision_for(name: str, device_type: str, plugin: str | None = None) -> Pre
             f"precision_for(device_type={device_type!r}): expected one of "
             f"{', '.join(map(repr, accelerators))}"
         )
-    if name not in registered(PrecisionRow):
+    if not isinstance(name, PrecisionRow) and name not in registered(PrecisionRow):
         raise ValueError(
             f"precision_for(name={name!r}): expected a canonical precision, one of "
             f"{', '.join(map(repr, registered(PrecisionRow)))}"
@@ -63,12 +65,14 @@ def precision_for(name: str, device_type: str, plugin: str | None = None) -> Pre
     return plugin_from_row(name, device_type)
 
 
-def _strategy_precision(plugin: str, name: str, device_type: str) -> Precision:
+def _strategy_precision(plugin: str, row: str | PrecisionRow, device_type: str
+                        ) -> Precision:
     # imported here: each family's module is loaded only by the strategies that use it
+    name = row.name if isinstance(row, PrecisionRow) else row
     if plugin == "fsdp":
         from interlock.strategies.precision.fsdp import FSDPPrecision
 
-        return FSDPPrecision(name, device_type)
+        return FSDPPrecision(row, device_type)
     if plugin == "deepspeed":
         from interlock.strategies.precision.deepspeed import DeepSpeedPrecision
 

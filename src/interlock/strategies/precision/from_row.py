@@ -12,13 +12,14 @@ from interlock.strategies.factories import part_class
 from interlock.strategies.precision.base import Precision
 
 
-def plugin_from_row(name: str, device_type: str) -> Precision:
-    """The plugin the row of precision ``name`` names, for ``device_type``.
+def plugin_from_row(name: str | PrecisionRow, device_type: str) -> Precision:
+    """The plugin a precision's row (or a registered row's name) names, for
+    ``device_type``.
 
     Raises:
         ValueError: ``name`` is not a registered precision.
         TypeError: the row's factory is not a `Precision` subclass.
         ImportError: the factory cannot be imported (naming what to install).
     """
-    _, cls = part_class(PrecisionRow, name, Precision)
-    return cls.for_precision(name, device_type)
+    row, cls = part_class(PrecisionRow, name, Precision)
+    return cls.for_precision(row.name, device_type)

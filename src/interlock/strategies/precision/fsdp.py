@@ -43,7 +43,7 @@ class FSDPPrecision(Precision):
 
     Args:
         precision: a built-in sharded precision (``SHARDED_PRECISIONS``) or a
-            registered one.
+            registered one, by its row or its name.
         device_type: the torch device type the model computes on.
 
     Raises:
@@ -51,16 +51,18 @@ class FSDPPrecision(Precision):
             Engine's), or a name no row declares.
     """
 
-    def __init__(self, precision: str, device_type: str) -> None:
-        if precision in PRECISION_ROWS and precision not in SHARDED_PRECISIONS:
+    def __init__(self, precision: str | PrecisionRow, device_type: str) -> None:
+        name = precision.name if isinstance(precision, PrecisionRow) else precision
+        if name in PRECISION_ROWS and name not in SHARDED_PRECISIONS:
             raise ValueError(
-                f"FSDPPrecision(precision={precision!r}): expected one of "
+                f"FSDPPrecision(precision={name!r}): expected one of "
                 f"{', '.join(map(repr, SHARDED_PRECISIONS))} or a registered precision"
             )
-        self.precision = precision
+        self.precision = name
         self.device_type = device_type
         self._inner = plugin_from_row(precision, device_type)
-        row = self._row
+        self._row = row = (precision if isinstance(precision, PrecisionRow)
+                           else registered(PrecisionRow)[name])
         if row.scaler and isinstance(self._inner, MixedPrecision):
             self._inner.scaler = _sharded_scaler(device_type)
         self.mixed_precision_policy: MixedPrecisionPolicy | None = (
@@ -68,10 +70,6 @@ class FSDPPrecision(Precision):
                                  reduce_dtype=torch.float32)
             if row.compute_dtype != row.param_dtype else None
         )
-
-    @property
-    def _row(self) -> PrecisionRow:
-        return registered(PrecisionRow)[self.precision]
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
