@@ -80,6 +80,22 @@ def test_every_kind_is_read_through_one_verb(row_type: type) -> None:
         rows["x"] = next(iter(rows.values()))  # type: ignore[index]
 
 
+def test_each_kind_a_plan_chooses_names_the_plan_field_that_holds_its_choice() -> None:
+    """`Plan.rows` finds each kind's row through the Plan attribute its kind names: a
+    kind naming no attribute, or one that is not a name, would silently lose its row."""
+    fields = {f.name: f.type for f in dataclasses.fields(interlock.Plan)}
+    planned = {k.kind: k.planned_as for k in registry.KINDS.values()}
+    assert planned == {"packages": None, "precisions": "precision",
+                       "checkpoint_io": "checkpoint_io", "accelerators": "accelerator",
+                       "environments": "cluster_environment", "launchers": "launcher",
+                       "optimizers": "optimizer", "strategies": "strategy"}
+    for attribute in filter(None, planned.values()):
+        assert fields[attribute] in ("str", "str | None"), (attribute, fields[attribute])
+    with_everything = plan(accelerator="cpu", devices=2, strategy="ddp_spawn",
+                           model=interlock.ModelShape(parameters=1000), machine=CPU)
+    assert set(with_everything.rows) == {kind for kind, attribute in planned.items() if attribute}
+
+
 def test_register_unregister_and_the_version_move_together() -> None:
     before = registry.registry_version()
     register(FP8)

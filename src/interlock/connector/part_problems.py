@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from interlock.connector.limits import MAX_DEVICES_PER_NODE, short_repr
@@ -54,17 +53,10 @@ RESERVED_ENVIRONMENT_NAMES: frozenset[str] = frozenset({"plugin", "consistent"})
 RUNNERS: tuple[str, ...] = tuple(r.runner for r in ACCELERATORS if r.runner is not None)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Known:
-    """The rows registered so far, which a new row may refer to."""
-
-    precisions: Mapping[str, PrecisionRow]
-    accelerators: Mapping[str, AcceleratorRow]
-    checkpoint_ios: Mapping[str, CheckpointIORow]
-    packages: Mapping[str, PackageRow]
-    environments: Mapping[str, ClusterRow]
-    #: strategy specs by name (typed loosely: the specs module depends on this one)
-    strategies: Mapping[str, Any]
+#: The rows registered so far, which a new row may refer to: every kind's rows by name,
+#: keyed by kind (``known["precisions"]``); strategy specs are typed loosely, as the
+#: specs module depends on this one.
+Known = Mapping[str, Mapping[str, Any]]
 
 
 def _is_str(value: object) -> bool:
@@ -106,7 +98,7 @@ def requires_problems(value: object, packages: Mapping[str, PackageRow]) -> list
 
 
 def _requires(value: object, problems: list[str], known: Known) -> None:
-    problems.extend(requires_problems(value, known.packages))
+    problems.extend(requires_problems(value, known["packages"]))
 
 
 #: Optional package names: importable top-level module names.
@@ -135,7 +127,7 @@ def _strategies(value: frozenset[str], known: Known, problems: list[str],
                 own_precision: PrecisionRow | None) -> None:
     """Check the strategies a row names; for a precision row (``own_precision``), that
     each takes a precision's own plugin."""
-    unknown = sorted(s for s in value if s not in known.strategies)
+    unknown = sorted(s for s in value if s not in known["strategies"])
     if unknown:
         problems.append(f"strategies {unknown} are not registered; a row may name only "
                         "strategies registered before it (a third-party strategy declares "
@@ -143,7 +135,7 @@ def _strategies(value: frozenset[str], known: Known, problems: list[str],
     if own_precision is None:
         return
     for name in sorted(value):
-        family = getattr(known.strategies.get(name), "precision_plugin", None)
+        family = getattr(known["strategies"].get(name), "precision_plugin", None)
         if family is None:
             continue
         why = REGISTERED_PRECISION_REFUSALS.get(family, "its precision plugin is its own")
@@ -182,10 +174,10 @@ def precision_problems(row: object, known: Known) -> list[str]:
                         f"({', '.join(STRATEGY_PRECISION_PLUGINS)}), not a precision's")
     _requires(row.requires, problems, known)
     accelerators = _names(row.accelerators, "accelerators", problems)
-    unknown = sorted(a for a in accelerators if a not in known.accelerators)
+    unknown = sorted(a for a in accelerators if a not in known["accelerators"])
     if unknown:
         problems.append(f"accelerators {unknown} are unknown; known: "
-                        f"{', '.join(known.accelerators)}")
+                        f"{', '.join(known['accelerators'])}")
     _strategies(_names(row.strategies, "strategies", problems), known, problems,
                 own_precision=row)
     _state_tensors(row, problems)
@@ -209,9 +201,9 @@ def accelerator_problems(row: object, known: Known) -> list[str]:
     if row.name in ACCELERATOR_CHOOSERS or row.name in ACCELERATOR_ALIASES:
         problems.append(f"name {row.name!r} is an accelerator input of its own "
                         f"({', '.join((*ACCELERATOR_CHOOSERS, *ACCELERATOR_ALIASES))})")
-    if row.checkpoint_io not in known.checkpoint_ios:
+    if row.checkpoint_io not in known["checkpoint_io"]:
         problems.append(f"checkpoint_io {short_repr(row.checkpoint_io)} is unknown; known: "
-                        f"{', '.join(known.checkpoint_ios)}")
+                        f"{', '.join(known['checkpoint_io'])}")
     if row.device_count is not None and not (
         isinstance(row.device_count, str) and FACTORY_PATTERN.match(row.device_count)
     ):
@@ -224,10 +216,10 @@ def accelerator_problems(row: object, known: Known) -> list[str]:
     precisions = _names(row.precisions, "precisions", problems)
     if isinstance(row.precisions, frozenset) and not precisions:
         problems.append("precisions must name at least one precision")
-    unknown = sorted(p for p in precisions if p not in known.precisions)
+    unknown = sorted(p for p in precisions if p not in known["precisions"])
     if unknown:
         problems.append(f"precisions {unknown} are unknown; known: "
-                        f"{', '.join(known.precisions)}")
+                        f"{', '.join(known['precisions'])}")
     if not _is_str(row.backend):
         problems.append("backend must name a torch.distributed backend, e.g. 'gloo'")
     if row.runner is not None and row.runner not in RUNNERS:
@@ -293,10 +285,10 @@ def launcher_problems(row: object, known: Known) -> list[str]:
     _bool(row, "restarts", problems)
     if not _is_str(row.on_failure):
         problems.append("on_failure must say in words what happens when a rank fails")
-    if row.environment is not None and row.environment not in known.environments:
+    if row.environment is not None and row.environment not in known["environments"]:
         problems.append(f"environment {short_repr(row.environment)} is not a cluster "
                         "environment registered before it; known: "
-                        f"{', '.join(known.environments)}")
+                        f"{', '.join(known['environments'])}")
     if row.placement is not None and not callable(row.placement):
         problems.append("placement must be None or a callable returning a sentence")
     if row.placement is not None and row.environment is None:

@@ -16,6 +16,7 @@ from interlock.connector.model import ModelShape
 from interlock.connector.parallelism import MeshLayout, Parallelism
 from interlock.connector.part_tables import PartTables
 from interlock.connector.registry import (
+    KINDS,
     broken_entry_points,
     current_parts,
     kind_of,
@@ -148,12 +149,9 @@ class Plan:
         not change what the plan builds. A name no row has (a plugin instance's own)
         has no entry."""
         tables = self._tables if self._tables is not None else current_parts()
-        chosen = {"accelerators": self.accelerator, "precisions": self.precision,
-                  "environments": self.cluster_environment,
-                  "checkpoint_io": self.checkpoint_io, "launchers": self.launcher,
-                  "optimizers": self.optimizer}
-        found: dict[str, Any] = {"strategies": self.spec}
-        for kind, name in chosen.items():
+        found: dict[str, Any] = {}
+        for kind, row_kind in KINDS.items():
+            name = getattr(self, row_kind.planned_as) if row_kind.planned_as else None
             row = tables.rows[kind].get(name) if name is not None else None
             if row is not None:
                 found[kind] = row

@@ -88,8 +88,12 @@ class RowKind:
     its rows, built-in first, then registered ones in registration order."""
 
     def __init__(self, *, kind: str, noun: str, row_types: tuple[str, ...], builtin: str,
-                 check: str, expand: str | None = None, plural: str | None = None) -> None:
+                 check: str, planned_as: str | None, expand: str | None = None,
+                 plural: str | None = None) -> None:
         self.kind = kind
+        #: the `Plan` attribute that names the row a plan chose (`Plan.rows` reads
+        #: it); None for a kind no plan chooses a row of
+        self.planned_as = planned_as
         #: what one row is, in messages ("precision", "cluster environment")
         self.noun = noun
         self.plural = plural or f"{noun}s"
@@ -180,30 +184,33 @@ _CHECKS = "interlock.connector.part_problems"
 #: Every kind, in loading order.
 KINDS: Mapping[str, RowKind] = MappingProxyType({k.kind: k for k in (
     RowKind(kind="packages", noun="optional package", row_types=(f"{_PARTS}:PackageRow",),
-            builtin=f"{_PARTS}:PACKAGES", check=f"{_CHECKS}:package_problems"),
+            builtin=f"{_PARTS}:PACKAGES", check=f"{_CHECKS}:package_problems",
+            planned_as=None),
     RowKind(kind="precisions", noun="precision", row_types=(f"{_PARTS}:PrecisionRow",),
-            builtin=f"{_PARTS}:PRECISIONS", check=f"{_CHECKS}:precision_problems"),
+            builtin=f"{_PARTS}:PRECISIONS", check=f"{_CHECKS}:precision_problems",
+            planned_as="precision"),
     RowKind(kind="checkpoint_io", noun="checkpoint IO",
             row_types=(f"{_PARTS}:CheckpointIORow",), builtin=f"{_PARTS}:CHECKPOINT_IOS",
-            check=f"{_CHECKS}:checkpoint_io_problems"),
+            check=f"{_CHECKS}:checkpoint_io_problems", planned_as="checkpoint_io"),
     RowKind(kind="accelerators", noun="accelerator",
             row_types=(f"{_PARTS}:AcceleratorRow",), builtin=f"{_PARTS}:ACCELERATORS",
-            check=f"{_CHECKS}:accelerator_problems"),
+            check=f"{_CHECKS}:accelerator_problems", planned_as="accelerator"),
     RowKind(kind="environments", noun="cluster environment",
             row_types=(f"{_PARTS}:ClusterRow",), builtin=f"{_PARTS}:CLUSTERS",
-            check=f"{_CHECKS}:environment_problems"),
+            check=f"{_CHECKS}:environment_problems", planned_as="cluster_environment"),
     RowKind(kind="launchers", noun="launcher", row_types=(f"{_PARTS}:LauncherRow",),
-            builtin=f"{_PARTS}:LAUNCHERS", check=f"{_CHECKS}:launcher_problems"),
+            builtin=f"{_PARTS}:LAUNCHERS", check=f"{_CHECKS}:launcher_problems",
+            planned_as="launcher"),
     RowKind(kind="optimizers", noun="optimizer",
             row_types=("interlock.connector.optimizers:OptimizerRow",),
             builtin="interlock.connector.optimizers:OPTIMIZERS",
-            check=f"{_CHECKS}:optimizer_problems"),
+            check=f"{_CHECKS}:optimizer_problems", planned_as="optimizer"),
     RowKind(kind="strategies", noun="strategy", plural="strategies",
             row_types=("interlock.connector.specs:StrategySpec",
                        "interlock.connector.specs:StrategyPreset"),
             builtin="interlock.connector.builtin:BUILTIN_STRATEGIES",
             check="interlock.connector.spec_problems:strategy_problems",
-            expand="interlock.connector.spec_problems:expanded"),
+            expand="interlock.connector.spec_problems:expanded", planned_as="strategy"),
 )})
 
 _lock = threading.RLock()
@@ -215,13 +222,8 @@ _snapshot: PartTables | None = None
 def _known(adding: RowKind, taken: Mapping[str, Any]) -> Known:
     """What a new row may refer to: every kind's rows, with ``taken`` standing for the
     rows of the kind being added."""
-
-    def rows(kind: str) -> Mapping[str, Any]:
-        return taken if KINDS[kind] is adding else KINDS[kind].rows
-
-    return Known(precisions=rows("precisions"), accelerators=rows("accelerators"),
-                 checkpoint_ios=rows("checkpoint_io"), packages=rows("packages"),
-                 environments=rows("environments"), strategies=rows("strategies"))
+    return {kind: taken if row_kind is adding else row_kind.rows
+            for kind, row_kind in KINDS.items()}
 
 
 def registry_version() -> int:
