@@ -187,3 +187,17 @@ def test_every_plan_multiplies_to_the_world_and_every_refusal_has_a_code(
             assert getattr(p.parallelism, dim) == 1, (dim, p.parallelism)
     if nodes > 1 and int(p.parallelism.tp) <= devices:
         assert devices % int(p.parallelism.tp) == 0
+
+
+def test_a_flattened_group_has_the_product_of_its_dimensions_degrees() -> None:
+    degrees = Parallelism(pp=2, dp_replicate=3, dp_shard=5, cp=7, tp=11)
+    assert [degrees.group_size(g) for g in ("dp", "dp_shard_cp", "dp_cp")] == \
+        [3 * 5, 5 * 7, 3 * 5 * 7]
+    assert degrees.data_parallel == 15
+    with pytest.raises(ValueError, match=r"no flattened group 'tp'; the groups: dp, "
+                       r"dp_shard_cp, dp_cp"):
+        degrees.group_size("tp")
+    with suppress_type_checks(), pytest.raises(ValueError, match="no flattened group"):
+        degrees.group_size(["dp"])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="has an 'auto' degree in dp_shard_cp: no size"):
+        Parallelism(dp_shard="auto", cp=2).group_size("dp_shard_cp")

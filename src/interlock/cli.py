@@ -15,6 +15,7 @@ from interlock.connector.limits import MAX_DEVICES_PER_NODE, short_repr
 from interlock.connector.machine import OPTIONAL_PACKAGES, START_METHODS, Machine
 from interlock.connector.memory import parse_bytes
 from interlock.connector.model import ModelShape
+from interlock.connector.parallelism import DIMS
 from interlock.connector.planner import plan
 from interlock.connector.registration import RegistrationError
 from interlock.connector.registry import registered
@@ -337,9 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-nodes", type=int, default=1)
     p.add_argument(
         "--parallelism", default=None, metavar="DIM=DEGREE,...",
-        help="degrees of parallelism, e.g. dp_replicate=2,dp_shard=2 (dimensions: pp, "
-        "dp_replicate, dp_shard, cp, tp; a degree is an int or auto); default: the "
-        "strategy's own",
+        help="degrees of parallelism, e.g. dp_replicate=2,dp_shard=2 (dimensions: "
+        f"{', '.join(DIMS)}; a degree is an int or auto); default: the strategy's own",
     )
     p.add_argument("--simulate", metavar="SPEC", help=SIMULATE_HELP)
     p.add_argument(

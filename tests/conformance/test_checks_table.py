@@ -10,6 +10,7 @@ import inspect
 import json
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -49,11 +50,17 @@ CHECK_MODULES: tuple[ModuleType, ...] = (checks, launch_checks, declaration, mes
                                          recipes, memory_checks)
 
 
-def _functions(check: Check) -> list[Callable[..., None]]:
+def _functions(check: Check) -> list[tuple[Callable[..., None], tuple[Any, ...]]]:
+    """The functions a row runs, each with the arguments a `partial` binds (the mesh
+    checks are one function bound to each dimension)."""
     runs = check.runs
-    if isinstance(runs, InRanks) and runs.then_in_driver is not None:
-        return [runs.run, runs.then_in_driver]
-    return [runs.run]
+    found: list[Callable[..., None]] = (
+        [runs.run, runs.then_in_driver]
+        if isinstance(runs, InRanks) and runs.then_in_driver is not None else [runs.run])
+    bound: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
+    for fn in found:
+        bound.append((fn.func, fn.args) if isinstance(fn, partial) else (fn, ()))
+    return bound
 
 
 def test_the_committed_table_of_checks_is_current() -> None:
@@ -89,12 +96,14 @@ def test_every_check_function_is_declared_exactly_once() -> None:
     defined = {fn for module in CHECK_MODULES
                for name, fn in inspect.getmembers(module, inspect.isfunction)
                if name.startswith("check_") and fn.__module__ == module.__name__}
-    declared = Counter(fn for check in CHECKS for fn in _functions(check))
-    twice = sorted(fn.__name__ for fn, count in declared.items() if count > 1)
+    declared = Counter(bound for check in CHECKS for bound in _functions(check))
+    twice = sorted(f"{fn.__name__}{args}" for (fn, args), count in declared.items()
+                   if count > 1)
     assert not twice, f"check functions in more than one row of the table: {twice}"
-    undeclared = sorted(f"{fn.__module__}.{fn.__name__}" for fn in defined - set(declared))
+    functions = {fn for fn, _ in declared}
+    undeclared = sorted(f"{fn.__module__}.{fn.__name__}" for fn in defined - functions)
     assert not undeclared, f"check functions no row of the table declares: {undeclared}"
-    stray = sorted(f"{fn.__module__}.{fn.__name__}" for fn in set(declared) - defined)
+    stray = sorted(f"{fn.__module__}.{fn.__name__}" for fn in functions - defined)
     assert not stray, f"rows whose function is not a check_* of {CHECK_MODULES}: {stray}"
 
 

@@ -53,7 +53,7 @@ def _context(name: str, workdir: Path) -> LaunchContext:
 def test_the_pipeline_mesh_check_fails_a_broken_pipeline(name: str, shown: str,
                                                          tmp_path: Path) -> None:
     with pytest.raises(CheckFailed) as failed:
-        mesh_checks.check_mesh_pp(_context(name, tmp_path))
+        mesh_checks.MESH_CHECKS["pp"](_context(name, tmp_path))
     message = str(failed.value)
     assert message.startswith("pp=2 x dp_shard=2: "), message
     assert f"the recipe (AdamW, warm-up, accumulation 2, clipping on): {shown}" in message, \

@@ -12,6 +12,9 @@ each rank holds against the layout's plan (:mod:`interlock.conformance.memory_ch
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from functools import partial
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -131,38 +134,9 @@ def load_elsewhere(strategy: Any, path: str) -> dict[str, Any]:
             "step": state["step"]}
 
 
-def check_mesh_pp(ctx: Any) -> None:
-    """Pipeline parallel on the mesh: pp 2 x a data-parallel dimension 2."""
-    _check_mesh("pp", ctx)
-
-
-def check_mesh_dp_replicate(ctx: Any) -> None:
-    """Replicated data parallel on the mesh (HSDP with dp_shard)."""
-    _check_mesh("dp_replicate", ctx)
-
-
-def check_mesh_dp_shard(ctx: Any) -> None:
-    """Sharded data parallel on the mesh (HSDP with dp_replicate)."""
-    _check_mesh("dp_shard", ctx)
-
-
-def check_mesh_cp(ctx: Any) -> None:
-    """Context parallel on the mesh."""
-    _check_mesh("cp", ctx)
-
-
-def check_mesh_tp(ctx: Any) -> None:
-    """Tensor parallel on the mesh: tp 2 x a data-parallel dimension 2."""
-    _check_mesh("tp", ctx)
-
-
-#: each dimension's check function
-MESH_CHECKS = {"pp": check_mesh_pp, "dp_replicate": check_mesh_dp_replicate,
-               "dp_shard": check_mesh_dp_shard, "cp": check_mesh_cp, "tp": check_mesh_tp}
-
-
-def _check_mesh(dim: str, ctx: Any) -> None:
-    """The mesh check of ``dim`` (see the module docstring)."""
+def check_mesh(dim: str, ctx: Any) -> None:
+    """The mesh check of ``dim`` (see the module docstring); `MESH_CHECKS` binds it to
+    each dimension."""
     if "32-true" not in ctx.spec.precisions:
         raise CheckSkipped("the mesh checks train in 32-true, which the strategy does not "
                            "declare")
@@ -249,3 +223,8 @@ def _recipe_problems(recipe: Any, spec: Any) -> list[str]:
                             f"clipping {'on' if clip else 'off'}): {what} differ from one "
                             f"plain process: {str(error)[:800]}")
     return problems
+
+
+#: each dimension's check function: the same check on that dimension's layout
+MESH_CHECKS: Mapping[str, Callable[[Any], None]] = MappingProxyType(
+    {dim: partial(check_mesh, dim) for dim in DIMS})

@@ -18,7 +18,7 @@ from interlock.conformance import checks, launch_checks, memory_checks, mesh_che
 from interlock.conformance.checks import RankContext
 from interlock.conformance.declaration import check_declaration
 from interlock.conformance.launch_checks import LaunchContext
-from interlock.connector.parallelism import DIM_DOCS, DIMS
+from interlock.connector.parallelism import DIM_DOCS, DIMS, FLATTENED
 from interlock.connector.registry import current_parts
 
 
@@ -395,8 +395,9 @@ CHECKS: tuple[Check, ...] = (
             runs=InDriver(run=mesh_checks.MESH_CHECKS[dim]),
             guarantees=f"with `parallelism=` {dim} 2 x dp_shard 2 (x dp_replicate 2 "
             f"without dp_shard; {dim} 4 alone) on {mesh_checks.MESH_WORLD_SIZE} ranks "
-            f"({DIM_DOCS[dim]}): every rank's mesh coordinates, flattened groups (`dp`, "
-            "`dp_shard_cp`, `dp_cp`) and data shard follow the layout; "
+            f"({DIM_DOCS[dim]}): every rank's mesh coordinates, flattened groups "
+            f"({', '.join(f'`{group}`' for group in FLATTENED)}) and data shard follow the "
+            "layout; "
             f"{mesh_checks.MESH_STEPS} steps through `forward_backward` equal one plain "
             "process, and so does the recipe (AdamW, warm-up, accumulation, active "
             "clipping, a shuffled loader; untied under pp); the checkpoint saved under the "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from interlock.connector.memory import REPLICATED, MemoryTraits
+from interlock.connector.parallelism import DIMS
 from interlock.connector.specs import StrategyPreset, StrategySpec, expand_preset
 from interlock.connector.tables import (
     PRECISION_NAMES,
@@ -25,7 +26,7 @@ _PARALLEL = frozenset(("accumulation", "clipping", "resharding", "timeout", "ela
 #: the degrees it runs with by default (docs/parallelism.md gives the reasons)
 _REPLICATE = frozenset(("dp_replicate",))
 _FSDP_DIMS = frozenset(("dp_replicate", "dp_shard"))
-_MODEL_PARALLEL_DIMS = frozenset(("pp", "dp_replicate", "dp_shard", "cp", "tp"))
+_MODEL_PARALLEL_DIMS = frozenset(DIMS)  # every dimension: the parallelize_fn applies them
 _SHARD_ALL = {"dp_shard": "auto"}
 
 #: how each row holds a model (`MemoryTraits`, read by the memory estimate)

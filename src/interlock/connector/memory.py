@@ -22,7 +22,10 @@ from typing import Literal, NamedTuple
 from interlock.connector.limits import short_repr
 from interlock.connector.model import DTYPE_BYTES, MAX_BYTES, ModelShape
 from interlock.connector.optimizers import OptimizerRow
-from interlock.connector.parallelism import Parallelism
+from interlock.connector.parallelism import FLATTENED, Parallelism
+
+#: the sharding group in words (``"dp_shard x cp"``): what sharded states are split over
+SHARDING_GROUP = " x ".join(FLATTENED["dp_shard_cp"][0])
 
 #: how the words of a figure left out of the estimate begin
 NOT_ESTIMATED = "FSDP's gathered units are not estimated:"
@@ -328,7 +331,7 @@ class Share(NamedTuple):
 def rank_share(shape: ModelShape, degrees: Parallelism, traits: MemoryTraits) -> Share:
     """The elements of each state the largest rank holds under ``degrees``."""
     pp, tp = int(degrees.pp), int(degrees.tp)
-    group = int(degrees.dp_shard) * int(degrees.cp)
+    group = degrees.group_size("dp_shard_cp")
     stages = pipeline_stages(shape, pp)
     stage = max(stages)
     how: list[str] = []
@@ -365,7 +368,7 @@ def rank_share(shape: ModelShape, degrees: Parallelism, traits: MemoryTraits) ->
         split_how = ("each tensor by rows, padded" if traits.split == "rows" and exact
                      else "in equal parts")
         how.append(f"{', '.join(s for s in STATES if s in traits.sharded)} sharded over "
-                   f"dp_shard x cp = {group} ranks, {split_how}")
+                   f"{SHARDING_GROUP} = {group} ranks, {split_how}")
     return Share(parameters=local(stage, "parameters"),
                  frozen=local(frozen, "parameters") if frozen else 0,
                  gradients=local(stage, "gradients"), optimizer=local(stage, "optimizer"),

@@ -202,8 +202,27 @@ class Parallelism:
 
     @property
     def data_parallel(self) -> int:
-        """dp_replicate x dp_shard: how many different batches a step sees."""
-        return int(self.dp_replicate) * int(self.dp_shard)
+        """The size of ``dp`` (dp_replicate x dp_shard): how many different batches a
+        step sees."""
+        return self.group_size("dp")
+
+    def group_size(self, group: str) -> int:
+        """The size of a flattened group of `FLATTENED` (``"dp_shard_cp"``, the
+        sharding group): the product of its dimensions' degrees.
+
+        Raises:
+            ValueError: ``group`` is not a flattened group, or one of its degrees is
+                still ``"auto"``.
+        """
+        found = FLATTENED.get(group) if isinstance(group, str) else None
+        if found is None:
+            raise ValueError(f"no flattened group {short_repr(group)}; the groups: "
+                             f"{', '.join(FLATTENED)}")
+        degrees = [getattr(self, dim) for dim in found[0]]
+        if "auto" in degrees:
+            raise ValueError(f"{self.describe()} has an 'auto' degree in {group}: no size "
+                             "yet")
+        return math.prod(degrees)
 
     def enabled(self) -> tuple[str, ...]:
         """The dimensions with a degree other than 1, outermost first."""

@@ -1,11 +1,10 @@
 """`Meshes`: the plan's device mesh, built once per process group.
 
-The root mesh has every dimension of `interlock.connector.parallelism.DIMS` (size-1
-ones included, so that code can always name any of them), outermost first:
-``(pp, dp_replicate, dp_shard, cp, tp)``. The flattened groups of
-`interlock.connector.parallelism.FLATTENED` (``dp``, ``dp_shard_cp``, ``dp_cp``) are
-built with it and kept here: torch deprecates reaching a flattened group through the
-root mesh, so `Meshes.__getitem__` is the one way to name any group.
+The root mesh has every dimension of `interlock.connector.parallelism.DIMS` (size-1 ones
+included, so that code can always name any of them), outermost first. The flattened
+groups of `interlock.connector.parallelism.FLATTENED` are built with it and kept here:
+torch deprecates reaching a flattened group through the root mesh, so
+`Meshes.__getitem__` is the one way to name any group.
 
 Two older names stay for parallelize functions written before the N-D mesh:
 ``data_parallel`` (dp_replicate x dp_shard) and ``tensor_parallel`` (tp).

@@ -52,8 +52,8 @@ ParallelizeFn = Callable[[nn.Module, DeviceMesh], nn.Module]
 
 
 class ModelParallelStrategy(ParallelStrategy):
-    """A user function parallelises the model over the plan's device mesh
-    ``(pp, dp_replicate, dp_shard, cp, tp)`` (see ``docs/parallelism.md``).
+    """A user function parallelises the model over the plan's device mesh, whose
+    dimensions are `interlock.connector.parallelism.DIMS` (see ``docs/parallelism.md``).
 
     Ranks of one tensor-, context- or pipeline-parallel group see the same batch:
     shard data by :attr:`data_parallel_rank` over :attr:`data_parallel_size`, not by

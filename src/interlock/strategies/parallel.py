@@ -216,8 +216,8 @@ class ParallelStrategy(Strategy):
 
     @property
     def device_mesh(self) -> DeviceMesh:
-        """The ``(pp, dp_replicate, dp_shard, cp, tp)`` device mesh; flattened groups
-        through :attr:`meshes`."""
+        """The device mesh, one dimension per name of
+        `interlock.connector.parallelism.DIMS`; flattened groups through :attr:`meshes`."""
         return self.meshes.root
 
     @property

@@ -17,6 +17,7 @@ from typing import ClassVar, NamedTuple
 from interlock.connector.machine import Machine
 from interlock.connector.memory import (
     NOT_ESTIMATED,
+    SHARDING_GROUP,
     Dtypes,
     MemoryEstimate,
     Share,
@@ -101,8 +102,8 @@ class MemoryDraft(Draft):
 
     @property
     def group(self) -> int:
-        """The sharding group's size, dp_shard x cp."""
-        return int(self.degrees.dp_shard) * int(self.degrees.cp)
+        """The sharding group's size (``dp_shard_cp``)."""
+        return self.degrees.group_size("dp_shard_cp")
 
 
 # ----------------------------------------------------------------------- optimizer
@@ -168,14 +169,14 @@ MEMORY_MODEL_STATE: Decision[MemoryDraft] = Decision(
     doc="Parameters, gradients and optimizer state per rank: the precision's dtypes, the "
     "optimizer's state per element, and the layout: a pipeline stage's layers, "
     "tensor-parallel weights split over tp, and the states the strategy's memory traits "
-    "shard split over dp_shard x cp.",
+    f"shard split over {SHARDING_GROUP}.",
     rules=(
         Rule(id="memory/replicated",
              doc="No sharding group (or a strategy that shards nothing): every state "
              "whole on every rank, less what tp and pp split.",
              when=_replicated, then=_model_state),
         Rule(id="memory/sharded",
-             doc="The states the strategy shards are split over dp_shard x cp: by rows "
+             doc=f"The states the strategy shards are split over {SHARDING_GROUP}: by rows "
              "and padded (FSDP), or as one flat buffer (ZeRO).",
              when=always, then=_model_state),
     ),
@@ -186,7 +187,7 @@ MEMORY_MODEL_STATE: Decision[MemoryDraft] = Decision(
 
 def _buffers(ctx: MemoryDraft) -> str:
     assert ctx.sizes is not None and ctx.share is not None
-    data_parallel = int(ctx.degrees.dp_replicate) * ctx.group
+    data_parallel = ctx.degrees.group_size("dp_cp")
     ctx.buffers = strategy_buffers(ctx.shape, ctx.share, ctx.sizes, ctx.spec.memory_traits,
                                    data_parallel)
     if ctx.buffers[1].startswith(NOT_ESTIMATED):

@@ -478,7 +478,7 @@ REQUIREMENTS = Decision(
         ),
         Rule(
             id="parallelism/layout",
-            doc="Otherwise the mesh is (pp, dp_replicate, dp_shard, cp, tp), tp fastest.",
+            doc=f"Otherwise the mesh is ({', '.join(DIMS)}), {DIMS[-1]} fastest.",
             when=always,
             then=_layout,
         ),
