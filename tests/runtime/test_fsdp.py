@@ -191,11 +191,14 @@ def test_cpu_offload_on_the_cpu_is_refused_with_the_alternative() -> None:
     with pytest.raises(interlock.ResolutionError) as info:
         fsdp(cpu_offload=True)
     assert info.value.code == "unsupported-accelerator" and "fsdp" in info.value.choices
-    # built by hand, past the engine: refused at setup, before any process group exists
+    # built by hand: completed through the same engine, so refused alike at setup,
+    # before any process group exists
     strategy = FSDPStrategy(cpu_offload=True, accelerator=CPUAccelerator(),
                             parallel_devices=["cpu", "cpu"])
-    with pytest.raises(ValueError, match="nothing to offload"):
+    with pytest.raises(interlock.ResolutionError) as info:
         strategy.setup_environment()
+    assert info.value.code == "unsupported-accelerator" and "fsdp" in info.value.choices
+    assert not torch.distributed.is_initialized()
 
 
 @pytest.mark.parametrize(

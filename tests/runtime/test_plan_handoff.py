@@ -132,15 +132,32 @@ def test_an_external_plan_gives_the_external_launcher_whatever_the_class_uses() 
     assert strategy.launcher is not None and strategy.launcher.name == "external"
 
 
-def test_a_strategy_built_by_hand_derives_its_launcher_through_the_same_function() -> None:
+def test_a_strategy_built_by_hand_completes_through_a_plan_of_its_own() -> None:
+    """No defaults of its own: the first part it was not given comes from
+    ``plan(strategy=self)``, the plan ``resolve(strategy=self)`` would make."""
     plain = DDPStrategy(parallel_devices=["cpu", "cpu"])
+    assert plain.plan is None
     assert plain.launcher is not None and plain.launcher.name == "subprocess"
+    assert plain.plan is not None
+    resolved = interlock.resolve(strategy=DDPStrategy(parallel_devices=["cpu", "cpu"]))
+    assert resolved.plan is not None
+    for field in ("strategy", "accelerator", "precision", "parallel_devices", "launcher",
+                  "cluster_environment", "checkpoint_io", "parallelism"):
+        assert getattr(plain.plan, field) == getattr(resolved.plan, field), field
     spawn = DDPStrategy(parallel_devices=["cpu", "cpu"], start_method="spawn")
-    assert spawn.plan is None and spawn.launcher is not None
-    assert spawn.launcher.name == "spawn"
-    assert XLAStrategy().launcher is not None
-    assert SingleDeviceXLAStrategy().launcher is None
-    assert type(XLAStrategy().checkpoint_io) is XLACheckpointIO
+    assert type(spawn.checkpoint_io) is TorchCheckpointIO  # any part completes it
+    assert spawn.plan is not None and spawn.plan.strategy == "ddp_spawn"
+    assert spawn.launcher is not None and spawn.launcher.name == "spawn"
+    # what it was given stays; the plan fills in the rest
+    env = LocalEnvironment({})
+    given = DDPStrategy(parallel_devices=["cpu", "cpu"], cluster_environment=env)
+    assert given.cluster_environment is env and given.plan is None
+    assert type(given.accelerator).__name__ == "CPUAccelerator" and given.plan is not None
+    assert given.cluster_environment is env
+    # a strategy this machine cannot run is refused with the engine's reason
+    with pytest.raises(interlock.ResolutionError) as info:
+        XLAStrategy().launcher  # noqa: B018 - the property completes the strategy
+    assert info.value.code == "unsupported-accelerator"
 
 
 def test_plan_build_hands_the_plan_to_the_same_builder() -> None:

@@ -27,9 +27,9 @@ from interlock.connector.tables import LauncherRow
 from interlock.strategies import checkpointing, random_state
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.collectives import Collective, ReduceOp
-from interlock.strategies.environments import ClusterEnvironment, LocalEnvironment
+from interlock.strategies.environments import ClusterEnvironment
 from interlock.strategies.init_context import empty_init_context, parameters_on_meta
-from interlock.strategies.io import CheckpointIO, CheckpointLoadError, checkpoint_io_for
+from interlock.strategies.io import CheckpointIO, CheckpointLoadError
 from interlock.strategies.io.base import load_with
 from interlock.strategies.launchers import Launcher, launcher_for
 from interlock.strategies.launchers import history as launch_history
@@ -64,10 +64,12 @@ class Strategy(ABC):
 
     Every part is optional at construction: what is not given is filled in from the
     Plan when the strategy is resolved (``interlock.resolve(strategy=instance, ...)``),
-    and a part given here and through a flag too is refused as conflicting.
+    and a part given here and through a flag too is refused as conflicting. A strategy
+    built by hand and never resolved completes itself the same way, with no flags, on
+    the first use of a part it was not given (:meth:`complete_by_hand`).
 
     Attributes:
-        plan: the Plan this strategy was completed from (None when built by hand).
+        plan: the Plan this strategy was completed from (None until it is).
     """
 
     #: Internal, not for users: the engine (:func:`interlock.plan`) reads it to recognise
@@ -80,9 +82,6 @@ class Strategy(ABC):
     #: :meth:`module_init_context` and :meth:`module_to_device`; sharded strategies
     #: (FSDP, model parallel) set it to True.
     materializes_meta: ClassVar[bool] = False
-    #: the checkpoint IO (by the name a Plan would give it) of an instance built by hand
-    #: and never completed from a plan
-    _unplanned_checkpoint_io: ClassVar[str] = "torch"
 
     def __init__(
         self,
@@ -166,41 +165,46 @@ class Strategy(ABC):
             if name not in self._given:
                 setattr(self, f"_{name}", getattr(parts, name))
         self._parts = parts
-        self._place(parts)
         self.plan = plan
+        self._place(parts)
         self._launcher = None  # made again, for the new plan, on first use
+
+    def complete_by_hand(self) -> None:
+        """Complete a strategy built by hand that no plan completed yet, as
+        ``interlock.resolve(strategy=self)`` would: through ``interlock.plan(strategy=self)``
+        on this machine, which takes the parts, devices and nodes it was given and
+        chooses the rest. The properties of the parts call it on first use, so a strategy
+        built by hand has no defaults of its own. Does nothing once it has a plan.
+
+        Raises:
+            ResolutionError: the engine refuses the strategy as given on this machine (its
+                devices are not here, a package it needs is missing, it is not
+                registered), with the reason and what would work.
+        """
+        if self.plan is None:
+            from interlock.connector.planner import plan
+
+            self.complete(plan(strategy=self))
 
     def _place(self, parts: Parts) -> None:  # noqa: B027 - optional hook
         """Take devices and nodes from ``parts`` where the constructor did not give them."""
 
     def _launcher_name(self) -> str | None:
-        """The launcher table's name for how this strategy's processes are created.
-
-        The plan's, when the strategy was built or completed from one. A strategy built
-        by hand has none: it uses the launcher its class starts processes with
-        (:meth:`_unplanned_launcher`), or ``external`` where its cluster environment
-        says someone else created this process.
-        """
-        if self._parts is not None:
-            return self._parts.launcher
-        own = self._unplanned_launcher()
-        if own is not None and self.cluster_environment.creates_processes_externally:
-            return "external"
-        return own
+        """The launcher table's name for how this strategy's processes are created: its
+        plan's (a strategy built by hand is completed first)."""
+        if self._parts is None:
+            self.complete_by_hand()
+        assert self._parts is not None
+        return self._parts.launcher
 
     def _launcher_row(self) -> str | LauncherRow | None:
-        """What :meth:`_make_launcher` makes: the plan's launcher row when planned
-        (`interlock.Plan.rows`), else :meth:`_launcher_name`."""
+        """What :meth:`_make_launcher` makes: the plan's launcher row
+        (`interlock.Plan.rows`), or its name where the registry no longer has it."""
         name = self._launcher_name()
         if self.plan is not None and name is not None and name == self.plan.launcher:
             found: LauncherRow | None = self.plan.rows.get("launchers")
             return found if found is not None else name
         return name
-
-    def _unplanned_launcher(self) -> str | None:
-        """The launcher this class starts processes with when no plan says; None runs
-        in the calling process."""
-        return None
 
     def _make_launcher(self) -> Launcher | None:
         """The launcher :meth:`_launcher_name` names, for this strategy's one process
@@ -233,33 +237,29 @@ class Strategy(ABC):
 
     @property
     def accelerator(self) -> Accelerator:
-        """The accelerator that sets up and tears down this process's device.
-
-        Raises:
-            RuntimeError: when the strategy was neither given one nor completed from a
-                plan.
-        """
+        """The accelerator that sets up and tears down this process's device: as given,
+        else as planned."""
         if self._accelerator is None:
-            raise RuntimeError(
-                f"{type(self).__name__} has no accelerator yet: pass one, or build it with "
-                "interlock.resolve(strategy=<this instance>, ...)"
-            )
+            self.complete_by_hand()
+        assert self._accelerator is not None
         return self._accelerator
 
     @property
     def precision(self) -> Precision:
         """The precision plugin: module and data conversion, autocast, backward and the
-        optimizer step; 32-bit true precision unless given or planned."""
+        optimizer step: as given, else as planned."""
         if self._precision is None:
-            self._precision = Precision()
+            self.complete_by_hand()
+        assert self._precision is not None
         return self._precision
 
     @property
     def checkpoint_io(self) -> CheckpointIO:
-        """How checkpoint files are written and read: as given, else as planned, else
-        the class's own (``torch.save`` and ``torch.load``, unless it says otherwise)."""
+        """How checkpoint files are written and read: as given, else as planned (the
+        accelerator row's checkpoint IO)."""
         if self._checkpoint_io is None:
-            self._checkpoint_io = checkpoint_io_for(self._unplanned_checkpoint_io)
+            self.complete_by_hand()
+        assert self._checkpoint_io is not None
         return self._checkpoint_io
 
     @property
@@ -271,9 +271,11 @@ class Strategy(ABC):
 
     @property
     def cluster_environment(self) -> ClusterEnvironment:
-        """Where ranks and the rendezvous address come from."""
+        """Where ranks and the rendezvous address come from: as given, else as planned
+        (detected from this process's environment)."""
         if self._cluster_environment is None:
-            self._cluster_environment = LocalEnvironment()
+            self.complete_by_hand()
+        assert self._cluster_environment is not None
         return self._cluster_environment
 
     @property

@@ -168,10 +168,6 @@ class DDPStrategy(ParallelStrategy):
         own = type(self).registry_name
         return DDP_NAMES[start_method] if own == DDPStrategy.registry_name else own
 
-    def _unplanned_launcher(self) -> str | None:
-        return next(name for name, method in _LAUNCHER_START_METHODS.items()
-                    if method == self.start_method)
-
     def wrap_module(self, module: nn.Module) -> nn.Module:
         """Wrap in ``DistributedDataParallel(module, **ddp_kwargs)``, then let
         :meth:`configure_ddp` configure it."""

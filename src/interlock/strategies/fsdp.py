@@ -24,7 +24,6 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
-from interlock.connector.parallelism import Parallelism
 from interlock.strategies import checkpointing
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.environments import ClusterEnvironment
@@ -118,9 +117,6 @@ class FSDPStrategy(ParallelStrategy):
         if self.plan is not None:
             return self.plan.strategy
         return "fsdp_cpu_offload" if self.cpu_offload else "fsdp"
-
-    def _unplanned_parallelism(self) -> Parallelism:
-        return Parallelism(dp_shard=self.world_size)
 
     @property
     def shard_mesh(self) -> DeviceMesh:

@@ -122,7 +122,7 @@ class ModelParallelStrategy(ParallelStrategy):
         self._microbatches = pipeline_microbatches
         self.pipeline_split_fn = pipeline_split_fn or split_sequential
         if self.parallel_devices:  # checked now when the world is already known
-            self._unplanned_parallelism()
+            self._requested_layout()
         self.save_distributed_checkpoint = save_distributed_checkpoint
 
     def degree_options(self) -> dict[str, object]:
@@ -135,9 +135,10 @@ class ModelParallelStrategy(ParallelStrategy):
         super()._place(parts)
         self._check_layout()
 
-    def _unplanned_parallelism(self) -> Parallelism:
-        """Without a plan: the older options, or tensor parallel within a node and
-        sharded data parallel across nodes; checked against the world.
+    def _requested_layout(self) -> Parallelism:
+        """The layout the older options ask for (or tensor parallel within a node and
+        sharded data parallel across nodes), checked against the devices given at
+        construction; the plan decides the layout itself.
 
         Raises:
             ResolutionError: ``invalid-parallelism`` (a ValueError) when they do not fit.

@@ -131,9 +131,6 @@ class ParallelStrategy(Strategy):
         if "num_nodes" not in self._given:
             self.num_nodes = parts.num_nodes
 
-    def _unplanned_launcher(self) -> str | None:
-        return "subprocess"
-
     def _make_launcher(self) -> Launcher | None:
         # the devices' kind; a strategy built by hand without devices (XLAStrategy())
         # says its plan's accelerator, else "cpu"
@@ -183,15 +180,11 @@ class ParallelStrategy(Strategy):
 
     @property
     def parallelism(self) -> Parallelism:
-        """The degrees of parallelism, every one an int: the plan's, or, for a strategy
-        built without one, :meth:`_unplanned_parallelism`."""
-        if self.plan is not None:
-            return self.plan.parallelism
-        return self._unplanned_parallelism()
-
-    def _unplanned_parallelism(self) -> Parallelism:
-        """The degrees when no plan says: replicated data parallel over the world."""
-        return Parallelism(dp_replicate=self.world_size, dp_shard=1)
+        """The degrees of parallelism, every one an int: the plan's (a strategy built
+        by hand is completed first)."""
+        self.complete_by_hand()
+        assert self.plan is not None
+        return self.plan.parallelism
 
     @property
     def mesh_layout(self) -> MeshLayout:

@@ -95,7 +95,6 @@ class SingleDeviceXLAStrategy(Strategy):
     """One process on one XLA device (torch_xla picks which)."""
 
     registry_name: ClassVar[str] = "single_xla"
-    _unplanned_checkpoint_io: ClassVar[str] = "xla"
 
     def __init__(self, *, accelerator: Accelerator | None = None,
                  precision: Precision | None = None,
@@ -142,7 +141,6 @@ class XLAStrategy(ParallelStrategy):
     """
 
     registry_name: ClassVar[str] = "xla"
-    _unplanned_checkpoint_io: ClassVar[str] = "xla"
 
     def __init__(self, *, accelerator: Accelerator | None = None,
                  parallel_devices: Sequence[torch.device | str] | None = None,
@@ -159,9 +157,6 @@ class XLAStrategy(ParallelStrategy):
         self.sync_module_states = sync_module_states
         self._device: torch.device | None = None
         self._collective = XLACollective()
-
-    def _unplanned_launcher(self) -> str | None:
-        return "xla"
 
     @property
     def root_device(self) -> torch.device:
@@ -214,7 +209,6 @@ class XLAFSDPStrategy(ParallelStrategy):
     """
 
     registry_name: ClassVar[str] = "xla_fsdp"
-    _unplanned_checkpoint_io: ClassVar[str] = "xla"
 
     def __init__(self, *, accelerator: Accelerator | None = None,
                  parallel_devices: Sequence[torch.device | str] | None = None,
@@ -231,9 +225,6 @@ class XLAFSDPStrategy(ParallelStrategy):
         self.fsdp_kwargs = {"auto_wrap_policy": auto_wrap_policy, **fsdp_kwargs}
         self._device: torch.device | None = None
         self._collective = XLACollective()
-
-    def _unplanned_launcher(self) -> str | None:
-        return "xla"
 
     @property
     def root_device(self) -> torch.device:
