@@ -325,6 +325,37 @@ def test_the_script_launcher_serves_several_launches(tmp_path: Path) -> None:
     assert proc.stdout.strip().splitlines()[-1] == "['fit', 2, [0, 1]] ['test', 2, [0, 1]]"
 
 
+HAND_BUILT = """
+import interlock
+from interlock.strategies.ddp import DDPStrategy
+
+def where(strategy):
+    return [strategy.world_size, type(strategy.accelerator).__name__,
+            type(strategy.cluster_environment).__name__,
+            strategy.collective.all_gather_object(strategy.global_rank)]
+
+if __name__ == "__main__":
+    strategy = DDPStrategy(parallel_devices=["cpu", "cpu"])
+    result = strategy.launch(where)
+    if strategy.is_global_zero:
+        print(result, strategy.plan.launcher, strategy.plan.strategy)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_strategy_built_by_hand_plans_itself_and_runs_under_the_script_launcher(
+        tmp_path: Path) -> None:
+    """No resolve(): the strategy completes itself through the engine on first use, in
+    the script and again in each rank the script launcher starts."""
+    script = tmp_path / "hand_built.py"
+    script.write_text(HAND_BUILT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=100, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == \
+        "[2, 'CPUAccelerator', 'LocalEnvironment', [0, 1]] subprocess ddp"
+
+
 CAUGHT_FAILURE = """
 import os
 import sys
