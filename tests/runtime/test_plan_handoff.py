@@ -164,3 +164,21 @@ def test_plan_build_hands_the_plan_to_the_same_builder() -> None:
     plan = interlock.plan(accelerator="cpu", devices=2, machine=CPU)
     built = plan.build()
     assert isinstance(built, DDPStrategy) and built.plan is plan
+
+
+class _NameReadsAPart(DDPStrategy):
+    """A broken subclass: its name depends on a part the plan is to give."""
+
+    @property
+    def name(self) -> str:
+        return "ddp" if self.precision is not None else "ddp_spawn"
+
+
+def test_a_strategy_whose_name_reads_a_part_is_refused_not_planned_forever() -> None:
+    broken = _NameReadsAPart(parallel_devices=["cpu", "cpu"])
+    with pytest.raises(RuntimeError, match="asked for one of its parts while the engine "
+                       "was planning it"):
+        broken.launcher  # noqa: B018 - the property completes the strategy
+    assert broken.plan is None
+    with pytest.raises(RuntimeError, match="while the engine was planning it"):
+        broken.launcher  # noqa: B018 - and again: the guard was reset

@@ -180,11 +180,25 @@ class Strategy(ABC):
             ResolutionError: the engine refuses the strategy as given on this machine (its
                 devices are not here, a package it needs is missing, it is not
                 registered), with the reason and what would work.
+            RuntimeError: the class asked for a part while the engine was planning it
+                (its ``name`` or ``given_parts`` read a part the plan is to give).
         """
-        if self.plan is None:
-            from interlock.connector.planner import plan
+        if self.plan is not None:
+            return
+        if getattr(self, "_planning", False):
+            raise RuntimeError(
+                f"{type(self).__name__} asked for one of its parts while the engine was "
+                "planning it: `name` and `given_parts()` are read to make the plan, so they "
+                "must not read the accelerator, precision, checkpoint IO, cluster "
+                "environment, launcher or layout the plan is to give")
+        from interlock.connector.planner import plan
 
-            self.complete(plan(strategy=self))
+        self._planning = True
+        try:
+            planned = plan(strategy=self)
+        finally:
+            self._planning = False
+        self.complete(planned)
 
     def _place(self, parts: Parts) -> None:  # noqa: B027 - optional hook
         """Take devices and nodes from ``parts`` where the constructor did not give them."""
