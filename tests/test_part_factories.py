@@ -8,9 +8,11 @@ import multiprocessing
 from typing import Any
 
 import pytest
+from typeguard import suppress_type_checks
 
 import interlock
 from interlock import InterlockDeprecationWarning, Machine
+from interlock.connector.optimizers import OptimizerRow
 from interlock.connector.tables import (
     ACCELERATORS,
     CLUSTERS,
@@ -140,8 +142,8 @@ def test_the_engine_never_imports_a_factory() -> None:
         assert row.factory.startswith("interlock.strategies."), row
 
 
-def _build(kind: str, name: str) -> object:
-    """Build the part ``name`` of ``kind`` the way a strategy does."""
+def _build(kind: str, name: Any) -> object:
+    """Build the part ``name`` (or row) of ``kind`` the way a strategy does."""
     from interlock.strategies.accelerators import accelerator_for
     from interlock.strategies.environments import LocalEnvironment, environment_for
     from interlock.strategies.io import checkpoint_io_for
@@ -187,3 +189,23 @@ def test_a_factory_of_another_kind_is_refused_naming_both() -> None:
         "interlock.strategies.accelerators.base.Accelerator")
     row, cls = part_class(LauncherRow, "fork", object)
     assert row.name == "fork" and cls.__name__ == "MultiProcessingLauncher"
+
+
+@pytest.mark.parametrize("kind", ["accelerator", "cluster environment", "checkpoint IO",
+                                  "launcher", "precision"])
+def test_every_part_kind_builds_from_its_row_and_refuses_another_kinds(kind: str) -> None:
+    """A plan hands its rows to the builders: a row of the kind builds what its name
+    builds, and a row of another kind is named as such, not as an unknown name."""
+    row_type = {"accelerator": AcceleratorRow, "cluster environment": ClusterRow,
+                "checkpoint IO": interlock.CheckpointIORow, "launcher": LauncherRow,
+                "precision": PrecisionRow}[kind]
+    name = {"accelerator": "cpu", "cluster environment": "local", "checkpoint IO": "torch",
+            "launcher": "fork", "precision": "bf16-mixed"}[kind]
+    row: Any = interlock.registered(row_type)[name]
+    assert type(_build(kind, row)) is type(_build(kind, name))
+    other = interlock.registered(OptimizerRow)["adamw"]
+    with suppress_type_checks(), pytest.raises(ValueError) as refused:
+        _build(kind, other)  # a row of another kind, past the type checker
+    article = "an" if kind == "accelerator" else "a"
+    assert str(refused.value) == (f"expected {article} {kind} row ({row_type.__name__}) or "
+                                  "its name, got OptimizerRow 'adamw'")

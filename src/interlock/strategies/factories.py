@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, cast
 
 from interlock.connector.errors import did_you_mean
+from interlock.connector.limits import short_repr
 from interlock.connector.registry import kind_of, registered
 from interlock.connector.registry import load_reference as load_part
 
@@ -37,9 +38,15 @@ def row_named(row_type: type[R], name: str) -> R:
     rows = registered(row_type)
     row = rows.get(name) if isinstance(name, str) else None
     if row is None:
+        noun = kind_of(row_type).noun
+        if not isinstance(name, str) and hasattr(name, "factory"):  # another kind's row
+            article = "an" if noun[0] in "aeiou" else "a"
+            raise ValueError(f"expected {article} {noun} row ({row_type.__name__}) or its "
+                             f"name, got {type(name).__name__} "
+                             f"{short_repr(getattr(name, 'name', ''))}")
         close = did_you_mean(name, rows)
         hint = f" Did you mean {close!r}?" if close else ""
-        raise ValueError(f"unknown {kind_of(row_type).noun} {name!r}.{hint} "
+        raise ValueError(f"unknown {noun} {short_repr(name)}.{hint} "
                          f"Choices: {', '.join(rows)}.")
     return row
 
