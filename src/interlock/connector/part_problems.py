@@ -1,25 +1,25 @@
 """What is wrong with a would-be part row, as sentences (empty when it is valid).
 
-Imported when a row is registered, not with the engine.
-
-One function per part kind, like `interlock.connector.spec_problems.spec_problems` for
-strategies. Each checks a row against the rows already registered (``known``): a row
-may only refer to what exists when it is registered. Entry point groups load in the
-order precisions, accelerators, cluster environments, launchers, strategies, so each
-relation is declared by the row that comes later: an accelerator names its precisions,
-a strategy its accelerators, precisions and launcher, and a precision or an accelerator
-may name the already registered (usually built-in) strategies that take it.
+One function per part kind whose row type lives in `interlock.connector.tables`, like
+`interlock.connector.spec_problems.spec_problems` for strategies, and the checks every
+kind shares (`common_problems`, `requires_problems`), which a kind whose row type has a
+module of its own uses beside it (`interlock.connector.optimizers`). Each checks a row
+against the rows already registered (``known``): a row may only refer to what exists
+when it is registered. Entry point groups load in the order precisions, accelerators,
+cluster environments, launchers, strategies, so each relation is declared by the row
+that comes later: an accelerator names its precisions, a strategy its accelerators,
+precisions and launcher, and a precision or an accelerator may name the already
+registered (usually built-in) strategies that take it.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from interlock.connector.limits import MAX_DEVICES_PER_NODE, short_repr
-from interlock.connector.model import DTYPE_BYTES, MAX_BYTES
-from interlock.connector.optimizers import OptimizerRow
+from interlock.connector.model import MAX_BYTES
 from interlock.connector.registration import FACTORY_PATTERN, NAME_PATTERN
 from interlock.connector.tables import (
     ACCELERATOR_ALIASES,
@@ -63,7 +63,9 @@ def _is_str(value: object) -> bool:
     return isinstance(value, str) and bool(value.strip())
 
 
-def _common(row: Any, pattern: re.Pattern[str], problems: list[str]) -> None:
+def common_problems(row: Any, pattern: re.Pattern[str], problems: list[str]) -> None:
+    """Add to ``problems`` what is wrong with the fields every part row has: its
+    ``name`` (against ``pattern``), ``factory`` and ``description``."""
     name = row.name
     if not isinstance(name, str) or not pattern.match(name):
         allowed = ("lowercase letters, digits and underscores, starting with a letter"
@@ -154,7 +156,7 @@ def precision_problems(row: object, known: Known) -> list[str]:
     if not isinstance(row, PrecisionRow):
         return [f"expected a PrecisionRow, got {type(row).__name__}"]
     problems: list[str] = []
-    _common(row, PRECISION_NAME_PATTERN, problems)
+    common_problems(row, PRECISION_NAME_PATTERN, problems)
     if isinstance(row.name, str) and (row.name in LEGACY_PRECISIONS or row.name.isdigit()):
         meaning = LEGACY_PRECISIONS.get(row.name)
         problems.append(f"name {row.name!r} is a legacy precision alias"
@@ -180,11 +182,12 @@ def precision_problems(row: object, known: Known) -> list[str]:
                         f"{', '.join(known['accelerators'])}")
     _strategies(_names(row.strategies, "strategies", problems), known, problems,
                 own_precision=row)
-    _state_tensors(row, problems)
+    state_tensors_problems(row, problems)
     return problems
 
 
-def _state_tensors(row: Any, problems: list[str]) -> None:
+def state_tensors_problems(row: Any, problems: list[str]) -> None:
+    """Add to ``problems`` what is wrong with a row's ``state_tensors``."""
     value = row.state_tensors
     if (not isinstance(value, int) or isinstance(value, bool)
             or not 0 <= value <= MAX_STATE_TENSORS):
@@ -197,7 +200,7 @@ def accelerator_problems(row: object, known: Known) -> list[str]:
     if not isinstance(row, AcceleratorRow):
         return [f"expected an AcceleratorRow, got {type(row).__name__}"]
     problems: list[str] = []
-    _common(row, NAME_PATTERN, problems)
+    common_problems(row, NAME_PATTERN, problems)
     if row.name in ACCELERATOR_CHOOSERS or row.name in ACCELERATOR_ALIASES:
         problems.append(f"name {row.name!r} is an accelerator input of its own "
                         f"({', '.join((*ACCELERATOR_CHOOSERS, *ACCELERATOR_ALIASES))})")
@@ -245,7 +248,7 @@ def environment_problems(row: object, known: Known) -> list[str]:
     if not isinstance(row, ClusterRow):
         return [f"expected a ClusterRow, got {type(row).__name__}"]
     problems: list[str] = []
-    _common(row, NAME_PATTERN, problems)
+    common_problems(row, NAME_PATTERN, problems)
     if row.name in RESERVED_ENVIRONMENT_NAMES:
         problems.append(f"name {row.name!r} is reserved (its detection rule's id, "
                         f"cluster/{row.name}, is another rule's)")
@@ -276,7 +279,7 @@ def launcher_problems(row: object, known: Known) -> list[str]:
     if not isinstance(row, LauncherRow):
         return [f"expected a LauncherRow, got {type(row).__name__}"]
     problems: list[str] = []
-    _common(row, NAME_PATTERN, problems)
+    common_problems(row, NAME_PATTERN, problems)
     if row.start_method is not None and row.start_method not in START_METHODS:
         problems.append(f"start_method {row.start_method!r} is unknown; known: "
                         f"{', '.join(START_METHODS)} or None")
@@ -300,40 +303,11 @@ def launcher_problems(row: object, known: Known) -> list[str]:
     return problems
 
 
-#: The check for each part kind.
 def checkpoint_io_problems(row: object, known: Known) -> list[str]:
     """Everything wrong with a would-be checkpoint IO row."""
     if not isinstance(row, CheckpointIORow):
         return [f"expected a CheckpointIORow, got {type(row).__name__}"]
     problems: list[str] = []
-    _common(row, NAME_PATTERN, problems)
+    common_problems(row, NAME_PATTERN, problems)
     _requires(row.requires, problems, known)
     return problems
-
-
-def optimizer_problems(row: object, known: Known) -> list[str]:
-    """Everything wrong with a would-be optimizer row."""
-    if not isinstance(row, OptimizerRow):
-        return [f"expected an OptimizerRow, got {type(row).__name__}"]
-    problems: list[str] = []
-    _common(row, NAME_PATTERN, problems)
-    _state_tensors(row, problems)
-    scalar = row.scalar_bytes
-    if not isinstance(scalar, int) or isinstance(scalar, bool) or not 0 <= scalar <= 1 << 20:
-        problems.append(f"scalar_bytes must be an int from 0 to {1 << 20}, got "
-                        f"{short_repr(scalar)}")
-    if row.state_dtype is not None and row.state_dtype not in DTYPE_BYTES:
-        problems.append(f"state_dtype {short_repr(row.state_dtype)} must be None (the "
-                        f"parameters' dtype) or one of {', '.join(DTYPE_BYTES)}")
-    return problems
-
-
-CHECKS: Mapping[str, Callable[[object, Known], list[str]]] = {
-    "packages": package_problems,
-    "precisions": precision_problems,
-    "checkpoint_io": checkpoint_io_problems,
-    "accelerators": accelerator_problems,
-    "environments": environment_problems,
-    "launchers": launcher_problems,
-    "optimizers": optimizer_problems,
-}

@@ -204,7 +204,7 @@ KINDS: Mapping[str, RowKind] = MappingProxyType({k.kind: k for k in (
     RowKind(kind="optimizers", noun="optimizer",
             row_types=("interlock.connector.optimizers:OptimizerRow",),
             builtin="interlock.connector.optimizers:OPTIMIZERS",
-            check=f"{_CHECKS}:optimizer_problems", planned_as="optimizer"),
+            check="interlock.connector.optimizers:optimizer_problems", planned_as="optimizer"),
     RowKind(kind="strategies", noun="strategy", plural="strategies",
             row_types=("interlock.connector.specs:StrategySpec",
                        "interlock.connector.specs:StrategyPreset"),
