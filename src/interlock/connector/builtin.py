@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from interlock.connector.memory import REPLICATED, MemoryTraits
 from interlock.connector.parallelism import DIMS
 from interlock.connector.specs import StrategyPreset, StrategySpec, expand_preset
@@ -174,6 +176,16 @@ def _deepspeed_rows() -> tuple[StrategySpec, ...]:
     )
 
 
+#: what the rows of one family share
+_fsdp = partial(StrategySpec, factory="interlock.strategies.fsdp:FSDPStrategy",
+                family="fsdp", precisions=_SHARDED, launcher="subprocess",
+                precision_plugin="fsdp", parallel_dims=_FSDP_DIMS,
+                default_parallelism=_SHARD_ALL)
+_xla = partial(StrategySpec, family="xla", accelerators=frozenset(("xla",)),
+               precisions=_XLA, launcher="xla", requires=("torch_xla",),
+               precision_plugin="xla", memory=_WHOLE)
+
+
 BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
     StrategySpec(
         name="single_device",
@@ -190,36 +202,22 @@ BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
         memory=_WHOLE,
     ),
     *_ddp_rows(),
-    StrategySpec(
+    _fsdp(
         name="fsdp",
-        factory="interlock.strategies.fsdp:FSDPStrategy",
         description="FSDP2 (fully_shard) over a device mesh",
-        family="fsdp",
         accelerators=frozenset(("cpu", "cuda")),
-        precisions=_SHARDED,
-        launcher="subprocess",
         substitutes={"xla": "xla_fsdp"},
-        precision_plugin="fsdp",
         capabilities=_PARALLEL,
-        parallel_dims=_FSDP_DIMS,
-        default_parallelism=_SHARD_ALL,
         memory=_FSDP_MEMORY,
     ),
-    StrategySpec(
+    _fsdp(
         name="fsdp_cpu_offload",
-        factory="interlock.strategies.fsdp:FSDPStrategy",
         description="FSDP2 with parameters offloaded to CPU (needs an accelerator to "
         "offload from)",
-        family="fsdp",
         accelerators=frozenset(("cuda",)),
-        precisions=_SHARDED,
-        launcher="subprocess",
         options={"cpu_offload": True},
         substitutes={"cpu": "fsdp", "xla": "xla_fsdp"},
-        precision_plugin="fsdp",
         capabilities=_PARALLEL | {"parameter_offload"},
-        parallel_dims=_FSDP_DIMS,
-        default_parallelism=_SHARD_ALL,
         # CPUOffloadPolicy: shards, their gradients and the optimizer step live on the host
         memory=MemoryTraits(offloaded=_ALL_STATES, gathers_alone=True),
     ),
@@ -240,60 +238,34 @@ BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
         memory=_MODEL_PARALLEL_MEMORY,
     ),
     *_deepspeed_rows(),
-    StrategySpec(
+    _xla(
         name="xla",
         factory="interlock.strategies.xla:XLAStrategy",
         description="data parallel over XLA devices",
-        family="xla",
-        accelerators=frozenset(("xla",)),
-        precisions=_XLA,
-        launcher="xla",
-        requires=("torch_xla",),
-        precision_plugin="xla",
         substitutes={"cpu": "ddp", "cuda": "ddp"},
-        memory=_WHOLE,
     ),
-    StrategySpec(
+    _xla(
         name="xla_debug",
         factory="interlock.strategies.xla:XLAStrategy",
         description="data parallel over XLA devices with torch_xla's debug checks",
-        family="xla",
-        accelerators=frozenset(("xla",)),
-        precisions=_XLA,
-        launcher="xla",
-        requires=("torch_xla",),
-        precision_plugin="xla",
         options={"debug": True},
-        memory=_WHOLE,
     ),
-    StrategySpec(
+    _xla(
         name="xla_fsdp",
         factory="interlock.strategies.xla:XLAFSDPStrategy",
         description="torch_xla's fully sharded data parallel",
-        family="xla",
-        accelerators=frozenset(("xla",)),
-        precisions=_XLA,
-        launcher="xla",
-        requires=("torch_xla",),
-        precision_plugin="xla",
         default_parallelism=_SHARD_ALL,
         substitutes={"cpu": "fsdp", "cuda": "fsdp"},
         # torch_xla's FSDP flattens each unit's parameters before sharding them
         memory=MemoryTraits(split="flat", gathers_alone=True),
     ),
-    StrategySpec(
+    _xla(
         name="single_xla",
         factory="interlock.strategies.xla:SingleDeviceXLAStrategy",
         description="one process on one XLA device",
-        family="xla",
-        accelerators=frozenset(("xla",)),
-        precisions=_XLA,
         launcher=None,
         multi_node=False,
         max_devices=1,
-        requires=("torch_xla",),
-        precision_plugin="xla",
         substitutes={"cpu": "single_device", "cuda": "single_device", "mps": "single_device"},
-        memory=_WHOLE,
     ),
 )

@@ -11,6 +11,7 @@ one later is a one-line change that refuses nothing that used to work.
 
 from __future__ import annotations
 
+import math
 import reprlib
 
 #: Devices (processes) on one node, and one more than the highest device id.
@@ -40,6 +41,11 @@ MAX_WORLD_SIZE = 8_388_608
 #: per node ("0,1,...,4095") has 19,369; a string over three times as long holds more
 #: ids, or padding no one types, and is refused by its length before it is read.
 MAX_DEVICES_TEXT = 65_536
+
+
+def int_in(value: object, lo: int, hi: float = math.inf) -> bool:
+    """Whether ``value`` is an int (a bool is not one) from ``lo`` to ``hi``."""
+    return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
 
 
 class _ShortRepr(reprlib.Repr):

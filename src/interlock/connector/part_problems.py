@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from interlock.connector.limits import MAX_DEVICES_PER_NODE, short_repr
+from interlock.connector.limits import MAX_DEVICES_PER_NODE, int_in, short_repr
 from interlock.connector.model import MAX_BYTES
 from interlock.connector.registration import FACTORY_PATTERN, NAME_PATTERN
 from interlock.connector.tables import (
@@ -107,10 +107,8 @@ def _requires(value: object, problems: list[str], known: Known) -> None:
 _MODULE_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def package_problems(row: object, known: Known) -> list[str]:
+def package_problems(row: PackageRow, known: Known) -> list[str]:
     """What is wrong with a `PackageRow` (empty when it is valid)."""
-    if not isinstance(row, PackageRow):
-        return [f"expected a PackageRow, got {type(row).__name__}"]
     problems: list[str] = []
     if not isinstance(row.name, str) or not _MODULE_PATTERN.match(row.name):
         problems.append(f"name {short_repr(row.name)} must be an importable top-level "
@@ -151,10 +149,8 @@ def _strategies(value: frozenset[str], known: Known, problems: list[str],
                             "name it")
 
 
-def precision_problems(row: object, known: Known) -> list[str]:
+def precision_problems(row: PrecisionRow, known: Known) -> list[str]:
     """Everything wrong with a would-be precision row."""
-    if not isinstance(row, PrecisionRow):
-        return [f"expected a PrecisionRow, got {type(row).__name__}"]
     problems: list[str] = []
     common_problems(row, PRECISION_NAME_PATTERN, problems)
     if isinstance(row.name, str) and (row.name in LEGACY_PRECISIONS or row.name.isdigit()):
@@ -189,16 +185,13 @@ def precision_problems(row: object, known: Known) -> list[str]:
 def state_tensors_problems(row: Any, problems: list[str]) -> None:
     """Add to ``problems`` what is wrong with a row's ``state_tensors``."""
     value = row.state_tensors
-    if (not isinstance(value, int) or isinstance(value, bool)
-            or not 0 <= value <= MAX_STATE_TENSORS):
+    if not int_in(value, 0, MAX_STATE_TENSORS):
         problems.append(f"state_tensors must be an int from 0 to {MAX_STATE_TENSORS}, got "
                         f"{short_repr(value)}")
 
 
-def accelerator_problems(row: object, known: Known) -> list[str]:
+def accelerator_problems(row: AcceleratorRow, known: Known) -> list[str]:
     """Everything wrong with a would-be accelerator row."""
-    if not isinstance(row, AcceleratorRow):
-        return [f"expected an AcceleratorRow, got {type(row).__name__}"]
     problems: list[str] = []
     common_problems(row, NAME_PATTERN, problems)
     if row.name in ACCELERATOR_CHOOSERS or row.name in ACCELERATOR_ALIASES:
@@ -229,24 +222,18 @@ def accelerator_problems(row: object, known: Known) -> list[str]:
         problems.append(f"runner {row.runner!r} is unknown; known: {', '.join(RUNNERS)} "
                         "or None")
     _requires(row.requires, problems, known)
-    if row.max_devices is not None and (
-        not isinstance(row.max_devices, int) or isinstance(row.max_devices, bool)
-        or not 1 <= row.max_devices <= MAX_DEVICES_PER_NODE
-    ):
+    if row.max_devices is not None and not int_in(row.max_devices, 1, MAX_DEVICES_PER_NODE):
         problems.append(f"max_devices must be None or an int from 1 to {MAX_DEVICES_PER_NODE}")
     _strategies(_names(row.strategies, "strategies", problems), known, problems,
                 own_precision=None)
-    if (not isinstance(row.memory_reserve, int) or isinstance(row.memory_reserve, bool)
-            or not 0 <= row.memory_reserve <= MAX_BYTES):
+    if not int_in(row.memory_reserve, 0, MAX_BYTES):
         problems.append(f"memory_reserve must be an int of bytes >= 0, got "
                         f"{short_repr(row.memory_reserve)}")
     return problems
 
 
-def environment_problems(row: object, known: Known) -> list[str]:
+def environment_problems(row: ClusterRow, known: Known) -> list[str]:
     """Everything wrong with a would-be cluster environment row."""
-    if not isinstance(row, ClusterRow):
-        return [f"expected a ClusterRow, got {type(row).__name__}"]
     problems: list[str] = []
     common_problems(row, NAME_PATTERN, problems)
     if row.name in RESERVED_ENVIRONMENT_NAMES:
@@ -274,10 +261,8 @@ def environment_problems(row: object, known: Known) -> list[str]:
     return problems
 
 
-def launcher_problems(row: object, known: Known) -> list[str]:
+def launcher_problems(row: LauncherRow, known: Known) -> list[str]:
     """Everything wrong with a would-be launcher row."""
-    if not isinstance(row, LauncherRow):
-        return [f"expected a LauncherRow, got {type(row).__name__}"]
     problems: list[str] = []
     common_problems(row, NAME_PATTERN, problems)
     if row.start_method is not None and row.start_method not in START_METHODS:
@@ -303,10 +288,8 @@ def launcher_problems(row: object, known: Known) -> list[str]:
     return problems
 
 
-def checkpoint_io_problems(row: object, known: Known) -> list[str]:
+def checkpoint_io_problems(row: CheckpointIORow, known: Known) -> list[str]:
     """Everything wrong with a would-be checkpoint IO row."""
-    if not isinstance(row, CheckpointIORow):
-        return [f"expected a CheckpointIORow, got {type(row).__name__}"]
     problems: list[str] = []
     common_problems(row, NAME_PATTERN, problems)
     _requires(row.requires, problems, known)

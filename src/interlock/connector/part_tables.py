@@ -134,6 +134,11 @@ class PartTables:
         row = self.packages.get(package)
         return row.install if row is not None else f"pip install {package}"
 
+    def not_installed(self, needer: str, missing: Sequence[str]) -> str:
+        """The reason of a ``missing-package`` refusal: ``needer`` needs ``missing``."""
+        return (f"{needer} needs {', '.join(missing)}, which is not installed (install: "
+                f"{'; '.join(self.install_hint(p) for p in missing)}).")
+
     def chooser_order(self, chooser: str) -> tuple[str, ...]:
         """The accelerators an input such as ``'auto'`` tries, in order: for
         ``'auto'``, the registered ones come just before the cpu."""

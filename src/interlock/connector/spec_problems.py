@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from interlock.connector.builtin import BUILTIN_STRATEGIES
-from interlock.connector.limits import short_repr
+from interlock.connector.limits import int_in, short_repr
 from interlock.connector.memory import MemoryTraits
 from interlock.connector.parallelism import DIMS
 from interlock.connector.part_problems import Known, requires_problems
@@ -99,10 +99,7 @@ def spec_problems(spec: object) -> list[str]:
                             + suspects(parts.broken["launchers"]))
     if not isinstance(spec.multi_node, bool):
         problems.append("multi_node must be a bool")
-    if spec.max_devices is not None and (
-        not isinstance(spec.max_devices, int) or isinstance(spec.max_devices, bool)
-        or spec.max_devices < 1
-    ):
+    if spec.max_devices is not None and not int_in(spec.max_devices, 1):
         problems.append("max_devices must be None or an int >= 1")
     problems.extend(requires_problems(spec.requires, parts.packages))
     if spec.precision_plugin is not None and (
@@ -131,13 +128,8 @@ def spec_problems(spec: object) -> list[str]:
                 for t in spec.parity_tolerance)
     ):
         problems.append("parity_tolerance must be None or (rtol, atol), each in [0, 1)")
-    if spec.parity_steps is not None and (
-        not isinstance(spec.parity_steps, int) or isinstance(spec.parity_steps, bool)
-        or not 1 <= spec.parity_steps <= MAX_PARITY_STEPS
-    ):
-        problems.append(
-            f"parity_steps must be None or an int from 1 to {MAX_PARITY_STEPS}"
-        )
+    if spec.parity_steps is not None and not int_in(spec.parity_steps, 1, MAX_PARITY_STEPS):
+        problems.append(f"parity_steps must be None or an int from 1 to {MAX_PARITY_STEPS}")
     unknown = sorted(c for c in spec.capabilities if c not in CAPABILITIES)
     if unknown:
         problems.append(
@@ -205,8 +197,7 @@ def _parallelism_problems(spec: StrategySpec) -> list[str]:
         if dim not in DIMS:
             problems.append(f"default_parallelism names {dim!r}, which is not a dimension; "
                             f"known: {', '.join(DIMS)}")
-        elif not (degree in ("auto", "node") or (
-                isinstance(degree, int) and not isinstance(degree, bool) and degree >= 1)):
+        elif not (degree in ("auto", "node") or int_in(degree, 1)):
             problems.append(f"default_parallelism[{dim!r}] = {degree!r} must be an int >= 1, "
                             "'auto' or 'node'")
     if sum(1 for d in defaults.values() if d == "auto") > 1:

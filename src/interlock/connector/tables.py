@@ -410,26 +410,16 @@ LAUNCHERS: tuple[LauncherRow, ...] = (
             "process: its own death ends the job)"
         ),
     ),
-    LauncherRow(
-        name="spawn", start_method="spawn", interactive=False, launches_single=True,
-        factory="interlock.strategies.launchers.multiprocessing:MultiProcessingLauncher",
-        description="torch.multiprocessing with the spawn start method",
-        restarts=True,
-        on_failure=_WATCHED_RANKS_FAIL,
-    ),
-    LauncherRow(
-        name="fork", start_method="fork", interactive=True, launches_single=True,
-        factory="interlock.strategies.launchers.multiprocessing:MultiProcessingLauncher",
-        description="torch.multiprocessing with the fork start method",
-        restarts=True,
-        on_failure=_WATCHED_RANKS_FAIL,
-    ),
-    LauncherRow(
-        name="forkserver", start_method="forkserver", interactive=False, launches_single=True,
-        factory="interlock.strategies.launchers.multiprocessing:MultiProcessingLauncher",
-        description="torch.multiprocessing with the forkserver start method",
-        restarts=True,
-        on_failure=_WATCHED_RANKS_FAIL,
+    *(
+        LauncherRow(
+            name=method, start_method=method, interactive=method == "fork",
+            launches_single=True,
+            factory="interlock.strategies.launchers.multiprocessing:MultiProcessingLauncher",
+            description=f"torch.multiprocessing with the {method} start method",
+            restarts=True,
+            on_failure=_WATCHED_RANKS_FAIL,
+        )
+        for method in ("spawn", "fork", "forkserver")
     ),
     LauncherRow(
         name="xla", start_method="fork", interactive=True, launches_single=False,

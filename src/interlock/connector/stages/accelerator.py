@@ -119,13 +119,11 @@ def _explicit(ctx: AcceleratorDraft) -> bool:
 
 def _refuse_missing(ctx: AcceleratorDraft) -> str:
     row = ctx.parts.accelerators[ctx.accelerator_input]
-    missing = _missing_packages(row, ctx)
     refuse(
         "missing-package",
         flag="accelerator",
         value=ctx.accelerator_flag,
-        reason=f"the {row.name} accelerator needs {', '.join(missing)}, which is not "
-        f"installed (install: {'; '.join(ctx.parts.install_hint(p) for p in missing)}).",
+        reason=ctx.parts.not_installed(f"the {row.name} accelerator", _missing_packages(row, ctx)),
         choices=_available_names(ctx),
     )
 

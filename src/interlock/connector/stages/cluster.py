@@ -251,32 +251,32 @@ def _slurm_single_task(ctx: ClusterDraft) -> bool:
     )
 
 
+def _stepless_starter(ctx: ClusterDraft) -> str:
+    """What ran this process in a SLURM job without a job step."""
+    return ("a batch script" if "SLURM_PROCID" in ctx.machine.environ
+            else "an allocation's shell (salloc)")
+
+
 def _slurm_without_step(ctx: ClusterDraft) -> str:
     _use_cluster(ctx, ctx.parts.environments["local"])
-    env = ctx.machine.environ
-    where = ("a batch script" if "SLURM_PROCID" in env
-             else "an allocation's shell (salloc)")
     ctx.note(
         f"{_slurm_job(ctx)} without a job step (SLURM_STEP_ID is not set): this process "
-        f"was started by {where}, not by srun, so SLURM started none of the other "
-        "processes; interlock's launcher starts them on this node"
+        f"was started by {_stepless_starter(ctx)}, not by srun, so SLURM started none of "
+        "the other processes; interlock's launcher starts them on this node"
     )
     return f"{_slurm_job(ctx)}, but srun did not start this process"
 
 
 def _refuse_slurm_without_step(ctx: ClusterDraft) -> str:
-    env = ctx.machine.environ
-    where = ("a batch script" if "SLURM_PROCID" in env
-             else "an allocation's shell (salloc)")
     refuse(
         "cluster-mismatch",
         flag="num_nodes",
         value=ctx.num_nodes_flag,
         reason=f"num_nodes={ctx.num_nodes} in {_slurm_job(ctx)}, but srun did not start "
-        f"this process (SLURM_STEP_ID is not set: {where} runs python directly), so "
-        "nothing starts the processes of the other nodes and this node's would wait for "
-        "them for ever. Start the script with srun (one task per device, for example "
-        "`srun --ntasks-per-node=<devices> python train.py`), or plan one node.",
+        f"this process (SLURM_STEP_ID is not set: {_stepless_starter(ctx)} runs python "
+        "directly), so nothing starts the processes of the other nodes and this node's "
+        "would wait for them for ever. Start the script with srun (one task per device, for "
+        "example `srun --ntasks-per-node=<devices> python train.py`), or plan one node.",
         choices=("1",),
     )
 

@@ -200,28 +200,25 @@ def _beyond_on(name: str) -> Callable[[DevicesDraft], bool]:
     return lambda c: c.accelerator == name and _too_many(c)
 
 
+def _indexed_rules(name: str, beyond: str, every: str) -> tuple[Rule[DevicesDraft], ...]:
+    """The rules of an accelerator whose devices are indexed like CUDA's."""
+    return (
+        Rule(id=f"devices/{name}-unavailable", doc=f"{name}: a count or id beyond {beyond}.",
+             when=_beyond_on(name), then=_refuse_unavailable_devices,
+             refuses="devices-unavailable"),
+        Rule(id=f"devices/{name}-all", doc=f"{name}: 'auto' or -1 is every {every}.",
+             when=_on(name, "auto", "all"), then=_all_indexed),
+        Rule(id=f"devices/{name}-count", doc=f"{name}: N is devices 0..N-1.",
+             when=_on(name, "count"), then=_count_indexed),
+        Rule(id=f"devices/{name}-ids", doc=f"{name}: explicit ids.",
+             when=_on(name, "ids"), then=_ids_indexed),
+    )
+
+
 def _registered_device_rules(parts: PartTables) -> tuple[Rule[DevicesDraft], ...]:
     """A registered accelerator's devices are indexed and placed like CUDA's."""
-    rules: list[Rule[DevicesDraft]] = []
-    for row in parts.added_accelerators:
-        name = row.name
-        rules += [
-            Rule(
-                id=f"devices/{name}-unavailable",
-                doc=f"{name}: a count or id beyond the devices in "
-                f"Machine.extra_devices[{name!r}].",
-                when=_beyond_on(name),
-                then=_refuse_unavailable_devices,
-                refuses="devices-unavailable",
-            ),
-            Rule(id=f"devices/{name}-all", doc=f"{name}: 'auto' or -1 is every device.",
-                 when=_on(name, "auto", "all"), then=_all_indexed),
-            Rule(id=f"devices/{name}-count", doc=f"{name}: N is devices 0..N-1.",
-                 when=_on(name, "count"), then=_count_indexed),
-            Rule(id=f"devices/{name}-ids", doc=f"{name}: explicit ids.",
-                 when=_on(name, "ids"), then=_ids_indexed),
-        ]
-    return tuple(rules)
+    return tuple(rule for row in parts.added_accelerators for rule in _indexed_rules(
+        row.name, f"the devices in Machine.extra_devices[{row.name!r}]", "device"))
 
 
 DEVICES_CHOICE = Decision(
@@ -248,31 +245,7 @@ DEVICES_CHOICE = Decision(
             and c.machine.interactive and c.machine.cuda_devices > 1,
             then=_cuda_auto_interactive,
         ),
-        Rule(
-            id="devices/cuda-unavailable",
-            doc="cuda: a count or id beyond the visible devices.",
-            when=lambda c: c.accelerator == "cuda" and _too_many(c),
-            then=_refuse_unavailable_devices,
-            refuses="devices-unavailable",
-        ),
-        Rule(
-            id="devices/cuda-all",
-            doc="cuda: 'auto' or -1 is every visible device.",
-            when=_on("cuda", "auto", "all"),
-            then=_all_indexed,
-        ),
-        Rule(
-            id="devices/cuda-count",
-            doc="cuda: N is devices 0..N-1.",
-            when=_on("cuda", "count"),
-            then=_count_indexed,
-        ),
-        Rule(
-            id="devices/cuda-ids",
-            doc="cuda: explicit ids.",
-            when=_on("cuda", "ids"),
-            then=_ids_indexed,
-        ),
+        *_indexed_rules("cuda", "the visible devices", "visible device"),
         Rule(
             id="devices/mps-one",
             doc="mps: 'auto', -1, 1 or [0] is the one device.",
@@ -322,7 +295,6 @@ DEVICES_CHOICE = Decision(
     registered=_registered_device_rules,
     registered_before="devices/mps-one",
 )
-
 
 
 def _refuse_per_node_limit(ctx: DevicesDraft) -> str:

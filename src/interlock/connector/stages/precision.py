@@ -163,13 +163,11 @@ def _precision_missing(ctx: PrecisionDraft) -> tuple[str, ...]:
 
 def _refuse_precision_missing(ctx: PrecisionDraft) -> str:
     flag, value = _precision_flag(ctx)
-    missing = _precision_missing(ctx)
     refuse(
         "missing-package",
         flag=flag,
         value=value,
-        reason=f"{ctx.precision!r} needs {', '.join(missing)}, which is not installed "
-        f"(install: {'; '.join(ctx.parts.install_hint(p) for p in missing)}).",
+        reason=ctx.parts.not_installed(repr(ctx.precision), _precision_missing(ctx)),
         choices=_supported_precisions(ctx),
     )
 

@@ -333,13 +333,11 @@ def _missing(spec: StrategySpec, ctx: StrategyDraft) -> tuple[str, ...]:
 
 def _refuse_missing(ctx: StrategyDraft) -> str:
     spec = ctx.chosen_spec
-    missing = _missing(spec, ctx)
     refuse(
         "missing-package",
         flag="strategy",
         value=ctx.strategy_flag,
-        reason=f"{spec.name!r} needs {', '.join(missing)}, which is not installed "
-        f"(install: {'; '.join(ctx.parts.install_hint(p) for p in missing)}).",
+        reason=ctx.parts.not_installed(repr(spec.name), _missing(spec, ctx)),
         choices=tuple(n for n in _strategy_names(ctx) if not _missing(ctx.specs[n], ctx)),
     )
 

@@ -6,11 +6,10 @@ from interlock.connector.registration import suspects
 from interlock.connector.rules import Decision, Rule, always, refuse
 from interlock.connector.stages.flags.draft import (
     FlagsDraft,
-    broken_part,
+    broken_part_rule,
     instance_name,
     norm,
     part_kind,
-    refuse_broken,
 )
 from interlock.connector.tables import ACCELERATOR_ALIASES, ACCELERATOR_CHOOSERS
 
@@ -76,17 +75,11 @@ ACCELERATOR_FLAG = Decision(
             when=lambda c: norm(c.accelerator_flag) in ACCELERATOR_ALIASES,
             then=_set_accelerator_alias,
         ),
-        Rule(
-            id="flags/accelerator-broken-entry-point",
-            doc="A name an `interlock.accelerators` entry point stands for (its own name, "
-            "or a row name it returned) when that entry point failed to load: refused "
-            "with the entry point's error, like a strategy's.",
-            when=lambda c: broken_part(c, "accelerators", c.accelerator_flag) is not None,
-            then=lambda c: refuse_broken(c.parts.broken["accelerators"], "accelerators",
-                                          "accelerator", c.accelerator_flag,
-                                          c.parts.accelerator_inputs),
-            refuses="broken-entry-point",
-        ),
+        broken_part_rule(
+            "accelerators", "accelerator",
+            "A name an `interlock.accelerators` entry point stands for (its own name, or a "
+            "row name it returned) when that entry point failed to load: refused with the "
+            "entry point's error, like a strategy's.", "accelerator_inputs"),
         Rule(
             id="flags/accelerator-unknown",
             doc="Anything else.",

@@ -8,7 +8,7 @@ from typing import ClassVar, NamedTuple
 
 from interlock.connector.part_tables import PartTables
 from interlock.connector.registration import EntryPointStatus
-from interlock.connector.rules import DevicesRequest, Draft, Plugins, refuse
+from interlock.connector.rules import DevicesRequest, Draft, Plugins, Rule, refuse
 from interlock.connector.specs import StrategySpec
 from interlock.connector.tables import DEFAULT_PRECISION
 from interlock.connector.trace import TraceStep
@@ -102,7 +102,6 @@ def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-
 def broken_among(broken: Sequence[EntryPointStatus],
                   value: object) -> EntryPointStatus | None:
     """The broken entry point among ``broken`` that stands for the name ``value``."""
@@ -110,9 +109,19 @@ def broken_among(broken: Sequence[EntryPointStatus],
     return next((ep for ep in broken if name in ep.names), None)
 
 
-def broken_part(ctx: FlagsDraft, kind: str, value: object) -> EntryPointStatus | None:
-    """The broken entry point of a part group that stands for the name ``value``."""
-    return broken_among(ctx.parts.broken[kind], value)
+def broken_part_rule(kind: str, flag: str, doc: str, choices: str) -> Rule[FlagsDraft]:
+    """The rule refusing a ``flag`` value that an entry point of the ``kind`` part group
+    stands for when that entry point failed to load (``choices``: the `PartTables`
+    attribute the refusal offers)."""
+    field = f"{flag}_flag"
+    return Rule(
+        id=f"flags/{flag}-broken-entry-point",
+        doc=doc,
+        when=lambda c: broken_among(c.parts.broken[kind], getattr(c, field)) is not None,
+        then=lambda c: refuse_broken(c.parts.broken[kind], kind, flag, getattr(c, field),
+                                      getattr(c.parts, choices)),
+        refuses="broken-entry-point",
+    )
 
 
 def refuse_broken(broken: Sequence[EntryPointStatus], kind: str, flag: str, value: object,

@@ -6,10 +6,9 @@ from interlock.connector.registration import suspects
 from interlock.connector.rules import Decision, Rule, always, refuse
 from interlock.connector.stages.flags.draft import (
     FlagsDraft,
-    broken_part,
+    broken_part_rule,
     is_int,
     norm,
-    refuse_broken,
 )
 from interlock.connector.tables import LEGACY_PRECISIONS
 
@@ -67,16 +66,10 @@ PRECISION_FLAG = Decision(
             when=lambda c: _legacy_key(c.precision_flag) in LEGACY_PRECISIONS,
             then=_set_precision_legacy,
         ),
-        Rule(
-            id="flags/precision-broken-entry-point",
-            doc="A name an `interlock.precisions` entry point stands for when that entry "
-            "point failed to load: refused with the entry point's error.",
-            when=lambda c: broken_part(c, "precisions", c.precision_flag) is not None,
-            then=lambda c: refuse_broken(c.parts.broken["precisions"], "precisions",
-                                          "precision", c.precision_flag,
-                                          c.parts.precision_names),
-            refuses="broken-entry-point",
-        ),
+        broken_part_rule(
+            "precisions", "precision",
+            "A name an `interlock.precisions` entry point stands for when that entry point "
+            "failed to load: refused with the entry point's error.", "precision_names"),
         Rule(
             id="flags/precision-unknown",
             doc="Anything else.",

@@ -57,13 +57,19 @@ def read_flags(
         strategy_flag=written.strategy, precision_flag=written.precision,
         num_nodes_flag=written.num_nodes, plugins_flag=written.plugins,
     )
-    trace = run_stage(FLAGS_STAGE, draft, parts)
+    return _flags(draft, written, run_stage(FLAGS_STAGE, draft, parts), instances=True)
+
+
+def _flags(draft: FlagsDraft, written: Written, trace: tuple[TraceStep, ...], *,
+           instances: bool) -> Flags:
+    """The stage's result from its draft; without ``instances``, with no accelerator or
+    strategy instance (`read_flag` leaves them out)."""
     return Flags(
         written=written,
         accelerator=draft.accelerator_input,
-        accelerator_instance=draft.accelerator_instance,
+        accelerator_instance=draft.accelerator_instance if instances else None,
         strategy=draft.strategy_input,
-        strategy_instance=draft.strategy_instance,
+        strategy_instance=draft.strategy_instance if instances else None,
         explicit_spec=draft.explicit_spec,
         devices=draft.devices,
         precision=draft.precision_input,
@@ -103,20 +109,7 @@ def read_flag(
                        **{source: value})  # type: ignore[arg-type]
     trace: list[TraceStep] = []
     run_decision(FLAGS_STAGE.name, decision, draft, parts, trace)
-    return Flags(
-        written=Written(**{flag: value}),
-        accelerator=draft.accelerator_input,
-        accelerator_instance=None,
-        strategy=draft.strategy_input,
-        strategy_instance=None,
-        explicit_spec=draft.explicit_spec,
-        devices=draft.devices,
-        precision=draft.precision_input,
-        num_nodes=draft.num_nodes,
-        plugins=draft.plugins,
-        notes=tuple(draft.notes),
-        trace=tuple(trace),
-    )
+    return _flags(draft, Written(**{flag: value}), tuple(trace), instances=False)
 
 
 def seeds(flags: Flags, *, machine: Machine, parts: PartTables,
