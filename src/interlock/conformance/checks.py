@@ -134,12 +134,9 @@ class Expect:
             raise CheckFailed("; ".join(self.problems))
 
 
-def _setup(ctx: RankContext, net: nn.Module, optimizer: str = "sgd") -> tuple[Any, Any]:
-    raw = list(net.parameters())
-    opt: torch.optim.Optimizer = (
-        torch.optim.SGD(raw, lr=reference.LR, momentum=0.9) if optimizer == "sgd"
-        else torch.optim.Adam(raw, lr=1e-2)
-    )
+def _setup(ctx: RankContext, net: nn.Module) -> tuple[Any, Any]:
+    opt: torch.optim.Optimizer = torch.optim.SGD(net.parameters(), lr=reference.LR,
+                                                 momentum=0.9)
     module, (opt,) = ctx.strategy.setup_module_and_optimizers(net, [opt])
     return module, opt
 

@@ -258,13 +258,11 @@ class Outcome:
         fault: the fault record (``fault.json``), or None when none fired.
         resumed: the restarted attempt's record (``resumed.json``), or None.
         attempts: the attempts any rank started, in order.
-        pids: the process ids of every rank of every attempt.
     """
 
     fault: dict[str, Any] | None
     resumed: dict[str, Any] | None
     attempts: tuple[int, ...]
-    pids: tuple[int, ...]
 
     @property
     def recovery_s(self) -> float | None:
@@ -284,9 +282,8 @@ def outcome(directory: str | Path) -> Outcome:
 
     markers = sorted(root.glob("attempt-*-rank-*.pid"))
     attempts = sorted({int(p.name.split("-")[1]) for p in markers})
-    pids = tuple(int(p.read_text()) for p in markers if p.read_text().isdigit())
     return Outcome(fault=read(FAULT_FILE), resumed=read(RESUMED_FILE),
-                   attempts=tuple(attempts), pids=pids)
+                   attempts=tuple(attempts))
 
 
 def differences(got: Any, want: Any, where: str = "") -> list[str]:

@@ -39,7 +39,6 @@ BUFFER_KINDS: tuple[str, ...] = ("none", "gradient_buckets", "gathered_units",
                                  "zero_buckets")
 
 GiB = 1 << 30
-MiB = 1 << 20
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -438,7 +437,6 @@ __all__ = [
     "GiB",
     "MemoryEstimate",
     "MemoryTraits",
-    "MiB",
     "format_bytes",
     "parse_bytes",
 ]

@@ -5,11 +5,9 @@ default options; others join through `interlock.register` or the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 
-from interlock.connector.limits import short_repr
+from interlock.connector.limits import int_in, short_repr
 from interlock.connector.model import DTYPE_BYTES
 from interlock.connector.part_problems import Known, common_problems, state_tensors_problems
 from interlock.connector.registration import NAME_PATTERN
@@ -60,30 +58,25 @@ OPTIMIZERS: tuple[OptimizerRow, ...] = (
                  description="RMSprop with momentum: a square average and a momentum buffer"),
 )
 
-OPTIMIZER_ROWS: Mapping[str, OptimizerRow] = MappingProxyType({r.name: r for r in OPTIMIZERS})
-
 #: what ``plan()`` assumes when a model is given without an optimizer (the plan says so
 #: in its notes): the commonest choice, and the one with the most state among them
 DEFAULT_OPTIMIZER = "adamw"
 
 
 
-def optimizer_problems(row: object, known: Known) -> list[str]:
+def optimizer_problems(row: OptimizerRow, known: Known) -> list[str]:
     """Everything wrong with a would-be optimizer row (the registry's check of the
     kind: it lives with the row type, as a new kind's would)."""
-    if not isinstance(row, OptimizerRow):
-        return [f"expected an OptimizerRow, got {type(row).__name__}"]
     problems: list[str] = []
     common_problems(row, NAME_PATTERN, problems)
     state_tensors_problems(row, problems)
-    scalar = row.scalar_bytes
-    if not isinstance(scalar, int) or isinstance(scalar, bool) or not 0 <= scalar <= 1 << 20:
+    if not int_in(row.scalar_bytes, 0, 1 << 20):
         problems.append(f"scalar_bytes must be an int from 0 to {1 << 20}, got "
-                        f"{short_repr(scalar)}")
+                        f"{short_repr(row.scalar_bytes)}")
     if row.state_dtype is not None and row.state_dtype not in DTYPE_BYTES:
         problems.append(f"state_dtype {short_repr(row.state_dtype)} must be None (the "
                         f"parameters' dtype) or one of {', '.join(DTYPE_BYTES)}")
     return problems
 
 
-__all__ = ["DEFAULT_OPTIMIZER", "OPTIMIZERS", "OPTIMIZER_ROWS", "OptimizerRow"]
+__all__ = ["DEFAULT_OPTIMIZER", "OPTIMIZERS", "OptimizerRow", "optimizer_problems"]

@@ -165,7 +165,7 @@ class Parallelism:
             name = key.strip().lower() if isinstance(key, str) else key
             if name not in DIMS:
                 raise _refuse(
-                    _shown(value),
+                    short_repr(dict(value)),
                     f"{short_repr(key)} is not a dimension of parallelism.",
                     choices=DIMS, suggestion=did_you_mean(name, DIMS),
                 )
@@ -255,10 +255,6 @@ def _parse_text(text: str) -> dict[str, object]:
         raise _refuse(text, "no degrees given; write 'dimension=degree' pairs separated by "
                       "commas.", choices=tuple(f"{d}=<int|auto>" for d in DIMS))
     return result
-
-
-def _shown(value: Mapping[object, object]) -> str:
-    return short_repr(dict(value))
 
 
 def divisors(n: int) -> tuple[int, ...]:

@@ -60,7 +60,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from interlock.connector.limits import short_repr
 from interlock.connector.part_problems import Known
@@ -71,9 +71,6 @@ from interlock.connector.registration import (
     load_entry_point,
     scan_entry_points,
 )
-
-if TYPE_CHECKING:
-    from importlib.metadata import EntryPoint
 
 R = TypeVar("R")
 
@@ -234,13 +231,9 @@ def registry_version() -> int:
 # --------------------------------------------------------------------------- loading
 
 
-def load_entry_points(found: Mapping[str, Sequence[EntryPoint]] | None = None) -> None:
+def load_entry_points() -> None:
     """Load every kind's built-in rows and entry points, in `KINDS` order (once per
-    process; the first read of any kind does it).
-
-    Args:
-        found: the entry points by group, when the caller has scanned them already.
-    """
+    process; the first read of any kind does it)."""
     global _loaded, _version
     with _lock:
         if _loaded:
@@ -250,8 +243,7 @@ def load_entry_points(found: Mapping[str, Sequence[EntryPoint]] | None = None) -
         _loaded = True
         for row_kind in KINDS.values():
             row_kind.load_builtin()
-        if found is None:
-            found = scan_entry_points(tuple(k.group for k in KINDS.values()))
+        found = scan_entry_points(tuple(k.group for k in KINDS.values()))
         for row_kind in KINDS.values():
             row_kind.entry_points = tuple(
                 load_entry_point(ep, group=row_kind.group, noun=row_kind.plural,

@@ -217,13 +217,9 @@ def audited() -> Iterator[None]:
 def _fields(draft: Draft) -> dict[str, object]:
     """Every field of ``draft``; the notes as a tuple, so that a note added in place
     shows as a change."""
-    found = {name: getattr(draft, name) for name in _field_names(type(draft))}
+    found = {f.name: getattr(draft, f.name) for f in fields(draft)}
     found["notes"] = tuple(draft.notes)
     return found
-
-
-def _field_names(kind: type) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(kind))
 
 
 def _check(rule: Rule[D], part: str, before: dict[str, object], draft: D,

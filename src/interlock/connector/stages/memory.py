@@ -334,9 +334,7 @@ def _host_exceeded(ctx: MemoryDraft) -> bool:
     return e.host_limit is not None and e.host_bytes > e.host_limit
 
 
-def _parts_text(e: MemoryEstimate, *, host: bool) -> str:
-    if host:
-        return ", ".join(f"{name} offloaded" for name in e.offloaded)
+def _parts_text(e: MemoryEstimate) -> str:
     pieces = [("parameters", e.parameter_bytes), ("gradients", e.gradient_bytes),
               ("optimizer state", e.optimizer_state_bytes),
               ("module buffers", e.module_buffer_bytes),
@@ -354,7 +352,7 @@ def _refuse_fit(where: str) -> Callable[[MemoryDraft], str]:
         if where == "device":
             need, limit = e.device_bytes, e.device_limit
             what = (f"each rank needs {format_bytes(need)} on its {ctx.accelerator} device "
-                    f"({_parts_text(e, host=False)})")
+                    f"({_parts_text(e)})")
             has = (f"{words}: {format_bytes(limit or 0)} usable" if ctx.accelerator != "cpu"
                    else f"{words}: {format_bytes(limit or 0)} per rank")
         else:
