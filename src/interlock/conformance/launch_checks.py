@@ -177,11 +177,7 @@ def check_failure_propagation(ctx: LaunchContext) -> None:
                             f"{type(error).__name__}: {text[:500]}")
         if elapsed > FAILURE_BOUND_S:
             problems.append(f"it took {elapsed:.1f}s (bound {FAILURE_BOUND_S:.0f}s)")
-        survivors = _wait_gone(pid_dir, 10)
-        if survivors:
-            problems.append(f"worker processes {survivors} are still alive")
-        if problems:
-            raise CheckFailed("; ".join(problems)) from None
+        _raise_problems(problems, _wait_gone(pid_dir, 10))
         return
     raise CheckFailed("a rank raised but launch returned normally")
 
@@ -210,10 +206,7 @@ def check_collective_timeout(ctx: LaunchContext) -> None:
                             "the collective's timeout")
         if elapsed > bound:
             problems.append(f"the error came after {elapsed:.1f}s, bound {bound:.0f}s")
-        if survivors:
-            problems.append(f"worker processes {survivors} are still alive")
-        if problems:
-            raise CheckFailed("; ".join(problems)) from None
+        _raise_problems(problems, survivors)
         return
     raise CheckFailed("a rank never reached the barrier, yet launch returned normally")
 
@@ -347,11 +340,7 @@ def _survives(ctx: LaunchContext, kind: str) -> None:
     if wrong:
         problems.append(f"{len(wrong)} entries differ from the uninterrupted run: "
                         + "; ".join(wrong[:8]))
-    survivors = _wait_gone(directory, 10)
-    if survivors:
-        problems.append(f"worker processes {survivors} are still alive")
-    if problems:
-        raise CheckFailed(f"with {described}: " + "; ".join(problems))
+    _raise_problems(problems, _wait_gone(directory, 10), f"with {described}: ")
 
 
 # ------------------------------------------------------------------ what their ranks run
@@ -427,6 +416,14 @@ def _alive(pid_dir: Path) -> list[int]:
             continue
         alive.append(pid)
     return alive
+
+
+def _raise_problems(problems: list[str], survivors: list[int], prefix: str = "") -> None:
+    """CheckFailed naming the ``problems`` and the ``survivors`` (workers still alive)."""
+    if survivors:
+        problems.append(f"worker processes {survivors} are still alive")
+    if problems:
+        raise CheckFailed(prefix + "; ".join(problems)) from None
 
 
 def _wait_gone(pid_dir: Path, seconds: float) -> list[int]:

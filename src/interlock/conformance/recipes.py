@@ -21,10 +21,8 @@ without that feature (it has no such API to call).
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 from collections import OrderedDict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -244,7 +242,7 @@ def one_process(precision: str, steps: list[list[list[int]]], *, accumulate: int
     for micro_batches in steps:
         for indices in micro_batches:
             tokens = data[torch.tensor(indices)]
-            with _autocast(made.autocast):
+            with reference.autocast(made):
                 out = net(tokens[:, :-1])
             loss = _loss(out, tokens[:, 1:]) / accumulate
             (scaler.scale(loss) if scaler else loss).backward()  # type: ignore[no-untyped-call]
@@ -252,12 +250,7 @@ def one_process(precision: str, steps: list[list[list[int]]], *, accumulate: int
             scaler.unscale_(opt)
         if clip:
             norms.append(float(torch.nn.utils.clip_grad_norm_(net.parameters(), MAX_NORM)))
-        if scaler:
-            scaler.step(opt)
-            scaler.update()
-        else:
-            opt.step()
-        opt.zero_grad()
+        reference.optimizer_step(opt, scaler)
         schedule.step()
     return {"params": {k: v.detach().float().clone() for k, v in net.state_dict().items()},
             "norms": norms}
@@ -290,15 +283,6 @@ def one_device(precision: str, steps: list[list[list[int]]], *, accumulate: int,
         schedule.step()
     return {"params": {k: v.detach().float().cpu().clone()
                        for k, v in module.state_dict().items()}, "norms": norms}
-
-
-@contextlib.contextmanager
-def _autocast(dtype: torch.dtype | None) -> Iterator[None]:
-    if dtype is None:
-        yield
-        return
-    with torch.autocast("cpu", dtype=dtype):
-        yield
 
 
 def global_steps(per_rank: list[tuple[int, list[list[list[int]]]]]

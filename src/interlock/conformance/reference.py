@@ -223,12 +223,23 @@ def activation_dtype(precision: str) -> torch.dtype:
 
 
 @contextlib.contextmanager
-def _autocast(made: Recipe) -> Iterator[None]:
+def autocast(made: Recipe) -> Iterator[None]:
+    """The block under CPU autocast to the recipe's dtype, if it has one."""
     if made.autocast is not None:
         with torch.autocast("cpu", dtype=made.autocast):
             yield
     else:
         yield
+
+
+def optimizer_step(opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None) -> None:
+    """One optimizer step (through the loss scaler when there is one), then zero_grad."""
+    if scaler:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.step()
+    opt.zero_grad()
 
 
 def baseline(precision: str, steps: int, accumulate: int = 1) -> dict[str, torch.Tensor]:
@@ -247,16 +258,11 @@ def baseline(precision: str, steps: int, accumulate: int = 1) -> dict[str, torch
     for step in range(steps):
         for micro in range(accumulate):
             x, y = batch(step * accumulate + micro)
-            with _autocast(made):
+            with autocast(made):
                 out = net(x.to(dtype))
             loss = nn.functional.mse_loss(out.float(), y) / accumulate
             (scaler.scale(loss) if scaler else loss).backward()  # type: ignore[no-untyped-call]
-        if scaler:
-            scaler.step(opt)
-            scaler.update()
-        else:
-            opt.step()
-        opt.zero_grad()
+        optimizer_step(opt, scaler)
     return {k: v.detach().float().clone() for k, v in net.state_dict().items()}
 
 

@@ -43,19 +43,6 @@ def xla_device() -> torch.device:
     return device
 
 
-def _join_xla_group(strategy: ParallelStrategy) -> None:
-    """Bind the XLA device and create the process group over torch_xla's "xla" backend
-    (its own rendezvous); idempotent."""
-    if strategy._collective.owns_group:
-        return
-    import_torch_xla()
-    import torch_xla.distributed.xla_backend  # noqa: F401 - registers the "xla" backend
-
-    strategy.accelerator.setup_device(strategy.root_device)
-    strategy._collective.setup(backend="xla", init_method="xla://",
-                               timeout=strategy.timeout)
-
-
 class XLACollective(TorchCollective):
     """torch.distributed over torch_xla's ``xla`` backend, with object collectives
     that work there.
@@ -91,7 +78,40 @@ class XLACollective(TorchCollective):
         return pickle.loads(payloads[src])[self.rank]
 
 
-class SingleDeviceXLAStrategy(Strategy):
+class _XLADevice:
+    """The root device of the XLA strategies: this process's XLA device, found on first
+    use (torch_xla picks which)."""
+
+    _device: torch.device | None = None
+
+    @property
+    def root_device(self) -> torch.device:
+        if self._device is None:
+            self._device = xla_device()
+        return self._device
+
+
+class _XLAParallelStrategy(_XLADevice, ParallelStrategy):
+    """What the multi-process XLA strategies share: the world size from the cluster
+    environment and the process group over torch_xla's backend."""
+
+    @property
+    def world_size(self) -> int:
+        return self.cluster_environment.world_size()
+
+    def setup_environment(self) -> None:
+        """Bind the XLA device and create the process group over torch_xla's "xla"
+        backend (its own rendezvous); idempotent."""
+        if self._collective.owns_group:
+            return
+        import_torch_xla()
+        import torch_xla.distributed.xla_backend  # noqa: F401 - registers the "xla" backend
+
+        self.accelerator.setup_device(self.root_device)
+        self._collective.setup(backend="xla", init_method="xla://", timeout=self.timeout)
+
+
+class SingleDeviceXLAStrategy(_XLADevice, Strategy):
     """One process on one XLA device (torch_xla picks which)."""
 
     registry_name: ClassVar[str] = "single_xla"
@@ -105,14 +125,7 @@ class SingleDeviceXLAStrategy(Strategy):
                          checkpoint_io=checkpoint_io,
                          cluster_environment=cluster_environment)
         self.debug = debug
-        self._device: torch.device | None = None
         self._collective = SingleDeviceCollective()
-
-    @property
-    def root_device(self) -> torch.device:
-        if self._device is None:
-            self._device = xla_device()
-        return self._device
 
     @property
     def collective(self) -> Collective:
@@ -131,7 +144,7 @@ class SingleDeviceXLAStrategy(Strategy):
         return self.precision.optimizer_step(optimizer, **kwargs)
 
 
-class XLAStrategy(ParallelStrategy):
+class XLAStrategy(_XLAParallelStrategy):
     """Data parallel over XLA devices: one process per device, gradients averaged
     (``xm.reduce_gradients``) just before each optimizer step.
 
@@ -155,25 +168,14 @@ class XLAStrategy(ParallelStrategy):
                          timeout=timeout)
         self.debug = debug
         self.sync_module_states = sync_module_states
-        self._device: torch.device | None = None
         self._collective = XLACollective()
-
-    @property
-    def root_device(self) -> torch.device:
-        if self._device is None:
-            self._device = xla_device()
-        return self._device
-
-    @property
-    def world_size(self) -> int:
-        return self.cluster_environment.world_size()
 
     def setup_environment(self) -> None:
         if self.debug:
             import os
 
             os.environ.setdefault("PT_XLA_DEBUG_LEVEL", "2")
-        _join_xla_group(self)
+        super().setup_environment()
 
     def wrap_module(self, module: nn.Module) -> nn.Module:
         if self.sync_module_states and self.world_size > 1:
@@ -196,7 +198,7 @@ class XLAStrategy(ParallelStrategy):
         yield
 
 
-class XLAFSDPStrategy(ParallelStrategy):
+class XLAFSDPStrategy(_XLAParallelStrategy):
     """torch_xla's fully sharded data parallel (``XlaFullyShardedDataParallel``).
 
     Checkpoints hold each rank's shards and their shard metadata (one file per rank,
@@ -223,21 +225,7 @@ class XLAFSDPStrategy(ParallelStrategy):
                          cluster_environment=cluster_environment, backend="xla",
                          timeout=timeout)
         self.fsdp_kwargs = {"auto_wrap_policy": auto_wrap_policy, **fsdp_kwargs}
-        self._device: torch.device | None = None
         self._collective = XLACollective()
-
-    @property
-    def root_device(self) -> torch.device:
-        if self._device is None:
-            self._device = xla_device()
-        return self._device
-
-    @property
-    def world_size(self) -> int:
-        return self.cluster_environment.world_size()
-
-    def setup_environment(self) -> None:
-        _join_xla_group(self)
 
     def wrap_module(self, module: nn.Module) -> nn.Module:
         from torch_xla.distributed.fsdp import XlaFullyShardedDataParallel

@@ -18,7 +18,7 @@ from interlock.strategies.precision.transformer_engine import (
     TransformerEnginePrecision,
 )
 from interlock.strategies.precision.true import TruePrecision
-from interlock.strategies.precision.utils import apply_to_tensors
+from interlock.strategies.precision.utils import apply_to_tensors, check_one_of
 
 __all__ = [
     "DoublePrecision",
@@ -48,17 +48,10 @@ def precision_for(name: str | PrecisionRow, device_type: str,
         ValueError: for a name, device type or plugin family that is not canonical.
         MissingPackageError: for a Transformer Engine precision without the package.
     """
-    accelerators = registered(AcceleratorRow)
-    if device_type not in accelerators:
-        raise ValueError(
-            f"precision_for(device_type={device_type!r}): expected one of "
-            f"{', '.join(map(repr, accelerators))}"
-        )
-    if not isinstance(name, PrecisionRow) and name not in registered(PrecisionRow):
-        raise ValueError(
-            f"precision_for(name={name!r}): expected a canonical precision, one of "
-            f"{', '.join(map(repr, registered(PrecisionRow)))}"
-        )
+    check_one_of("precision_for", "device_type", device_type, registered(AcceleratorRow))
+    if not isinstance(name, PrecisionRow):
+        check_one_of("precision_for", "name", name, registered(PrecisionRow),
+                     "a canonical precision, one of")
     if plugin is not None:
         return _strategy_precision(plugin, name, device_type)
     # the class that implements a precision is its row's factory (built-in or registered)

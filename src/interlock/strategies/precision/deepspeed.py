@@ -19,7 +19,7 @@ import torch
 
 from interlock.connector.tables import PRECISION_ROWS, SHARDED_PRECISIONS
 from interlock.strategies.precision.base import Precision
-from interlock.strategies.precision.utils import cast_floating, default_dtype
+from interlock.strategies.precision.utils import cast_floating, check_one_of, default_dtype
 
 #: the precisions DeepSpeed implements (the engine's sharded set)
 DEEPSPEED_PRECISIONS: tuple[str, ...] = SHARDED_PRECISIONS
@@ -82,11 +82,7 @@ class DeepSpeedPrecision(Precision):
     """
 
     def __init__(self, precision: str) -> None:
-        if precision not in DEEPSPEED_PRECISIONS:
-            raise ValueError(
-                f"DeepSpeedPrecision(precision={precision!r}): expected one of "
-                f"{', '.join(map(repr, DEEPSPEED_PRECISIONS))}"
-            )
+        check_one_of("DeepSpeedPrecision", "precision", precision, DEEPSPEED_PRECISIONS)
         self.precision = precision
         row = PRECISION_ROWS[precision]
         #: the dtype the engine computes in (autocast's, for the mixed precisions)

@@ -10,6 +10,7 @@ import torch
 from interlock.connector.tables import PRECISIONS
 from interlock.strategies.precision.base import Precision
 from interlock.strategies.precision.true import TruePrecision
+from interlock.strategies.precision.utils import check_one_of
 
 #: the precisions this plugin implements and the dtype each one uses (read from the
 #: engine's precision table)
@@ -33,10 +34,6 @@ class HalfPrecision(TruePrecision):
         return cls(precision)
 
     def __init__(self, precision: str) -> None:
-        if precision not in HALF_DTYPES:
-            raise ValueError(
-                f"HalfPrecision(precision={precision!r}): expected one of "
-                f"{', '.join(map(repr, HALF_DTYPES))}"
-            )
+        check_one_of("HalfPrecision", "precision", precision, HALF_DTYPES)
         self.precision = precision
         self.dtype = HALF_DTYPES[precision]

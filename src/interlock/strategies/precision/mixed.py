@@ -13,7 +13,7 @@ from torch.optim import Optimizer
 
 from interlock.connector.tables import ACCELERATORS, PRECISIONS
 from interlock.strategies.precision.base import Precision
-from interlock.strategies.precision.utils import cast_floating
+from interlock.strategies.precision.utils import cast_floating, check_one_of
 
 #: the precisions this plugin implements and the autocast dtype each one uses (read
 #: from the engine's precision table)
@@ -49,16 +49,8 @@ class MixedPrecision(Precision):
 
     def __init__(self, precision: str, device_type: str,
                  scaler: torch.amp.GradScaler | None = None) -> None:
-        if precision not in MIXED_DTYPES:
-            raise ValueError(
-                f"MixedPrecision(precision={precision!r}): expected one of "
-                f"{', '.join(map(repr, MIXED_DTYPES))}"
-            )
-        if device_type not in MIXED_DEVICE_TYPES:
-            raise ValueError(
-                f"MixedPrecision(device_type={device_type!r}): expected one of "
-                f"{', '.join(map(repr, MIXED_DEVICE_TYPES))}"
-            )
+        check_one_of("MixedPrecision", "precision", precision, MIXED_DTYPES)
+        check_one_of("MixedPrecision", "device_type", device_type, MIXED_DEVICE_TYPES)
         if precision == "bf16-mixed" and scaler is not None:
             raise ValueError(
                 "MixedPrecision(precision='bf16-mixed') takes no scaler: bfloat16 has "

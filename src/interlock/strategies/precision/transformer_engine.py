@@ -17,7 +17,7 @@ from torch import nn
 from interlock.connector.tables import INSTALL_HINTS
 from interlock.strategies.precision.base import Precision
 from interlock.strategies.precision.true import TruePrecision
-from interlock.strategies.precision.utils import default_dtype
+from interlock.strategies.precision.utils import check_one_of, default_dtype
 
 #: the precisions this plugin implements and the dtype of everything outside FP8 GEMMs
 TE_DTYPES: Mapping[str, torch.dtype] = MappingProxyType(
@@ -63,11 +63,7 @@ class TransformerEnginePrecision(TruePrecision):
         return cls(precision)
 
     def __init__(self, precision: str, recipe: Any = None, replace_layers: bool = True) -> None:
-        if precision not in TE_DTYPES:
-            raise ValueError(
-                f"TransformerEnginePrecision(precision={precision!r}): expected one of "
-                f"{', '.join(map(repr, TE_DTYPES))}"
-            )
+        check_one_of("TransformerEnginePrecision", "precision", precision, TE_DTYPES)
         self._te, recipes = _import_te(precision)
         self.precision = precision
         self.dtype = TE_DTYPES[precision]

@@ -1,10 +1,10 @@
-"""Helpers shared by the precision plugins: walking batches and the default dtype."""
+"""Helpers shared by the precision plugins: walking batches, the default dtype, checks."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -50,3 +50,12 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
         yield
     finally:
         torch.set_default_dtype(previous)
+
+
+def check_one_of(owner: str, arg: str, value: object, allowed: Collection[str],
+                 expected: str = "one of") -> None:
+    """ValueError ``owner(arg=value): expected one of 'a', 'b'`` unless ``value`` is allowed."""
+    if value not in allowed:
+        raise ValueError(
+            f"{owner}({arg}={value!r}): expected {expected} {', '.join(map(repr, allowed))}"
+        )

@@ -10,6 +10,7 @@ from torch.optim import Optimizer
 from interlock.connector.tables import PRECISION_ROWS, XLA_PRECISIONS
 from interlock.strategies.precision.half import HalfPrecision
 from interlock.strategies.precision.true import TruePrecision
+from interlock.strategies.precision.utils import check_one_of
 
 
 class XLAPrecision(TruePrecision):
@@ -21,11 +22,7 @@ class XLAPrecision(TruePrecision):
     """
 
     def __init__(self, precision: str) -> None:
-        if precision not in XLA_PRECISIONS:
-            raise ValueError(
-                f"XLAPrecision(precision={precision!r}): expected one of "
-                f"{', '.join(map(repr, XLA_PRECISIONS))}"
-            )
+        check_one_of("XLAPrecision", "precision", precision, XLA_PRECISIONS)
         self.precision = precision
         self.dtype = (HalfPrecision(precision).dtype if PRECISION_ROWS[precision].plugin == "half"
                       else torch.float32)
