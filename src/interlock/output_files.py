@@ -46,9 +46,9 @@ def can_create_in(directory: Path) -> bool:
         return False
 
 
-def write_text(path: str | Path, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` whole or not at all, creating missing parent
-    directories; returns the path written.
+def write_text(path: str | Path, text: str, newline: str | None = None) -> Path:
+    """Write ``text`` (UTF-8, line ends as ``open``'s ``newline`` makes them) to ``path``
+    whole or not at all, creating missing parent directories; returns the path written.
 
     A regular file (or a link to one) is replaced by renaming a temporary file from
     the same directory over it, keeping the old file's permissions; a device or a pipe
@@ -59,14 +59,14 @@ def write_text(path: str | Path, text: str) -> Path:
     """
     target = Path(path)
     if target.exists() and not target.is_file() and not target.is_dir():
-        with open(target, "w", encoding="utf-8") as out:
+        with open(target, "w", encoding="utf-8", newline=newline) as out:
             out.write(text)
         return target
     real = Path(os.path.realpath(target))
     real.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
+        with os.fdopen(fd, "w", encoding="utf-8", newline=newline) as out:
             out.write(text)
         os.chmod(tmp, _mode_for(real))
         os.replace(tmp, real)

@@ -18,6 +18,7 @@ from typing import Any
 
 import interlock
 from interlock.conformance.report import REPORT_SCHEMA, Record
+from interlock.matrix.lock import clip, plural
 from interlock.matrix.reports import Key, read_report
 
 #: every status a record may have, in the scorecard's order
@@ -157,9 +158,9 @@ class Comparison:
         """``"no regression"`` or ``"2 regressions, 1 cell no longer verified"``."""
         parts = []
         if self.regressions:
-            parts.append(_count(len(self.regressions), "regression"))
+            parts.append(plural(len(self.regressions), "regression"))
         if self.no_longer_verified:
-            parts.append(_count(len(self.no_longer_verified), "cell") + " no longer verified")
+            parts.append(plural(len(self.no_longer_verified), "cell") + " no longer verified")
         return ", ".join(parts) or "no regression"
 
 
@@ -278,7 +279,7 @@ def _layout(path: Path, data: Any) -> tuple[list[Any], int]:
                            'object with "records"')
     schema = data.get("schema", 0)
     if isinstance(schema, bool) or not isinstance(schema, int) or schema < 0:
-        raise _error(path, f'"schema" must be a whole number; got {_short(schema)}: this '
+        raise _error(path, f'"schema" must be a whole number; got {clip(repr(schema))}: this '
                            f"interlock reads {_readable()}")
     if schema > REPORT_SCHEMA:
         raise _error(path, f"written with report schema {schema}, which this interlock "
@@ -292,11 +293,6 @@ def _layout(path: Path, data: Any) -> tuple[list[Any], int]:
         raise _error(path, f"is not a conformance report: a JSON object with {found} "
                            f"(its keys: {keys})")
     return records, schema
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _records(path: Path, items: Sequence[Any], schema: int) -> dict[RecordKey, Record]:
@@ -316,7 +312,7 @@ def _records(path: Path, items: Sequence[Any], schema: int) -> dict[RecordKey, R
                 raise _error(path, f"{where} has no {name!r} field")
             if not isinstance(item[name], str):
                 raise _error(path, f"{where}: {name!r} must be a string; got "
-                                   f"{_short(item[name])}")
+                                   f"{clip(repr(item[name]))}")
             values[name] = item[name]
         if values["status"] not in STATUSES:
             raise _error(path, f"{where}: status {values['status']!r} is not one of "
@@ -350,7 +346,7 @@ def _mentioned(records: Iterable[Record]) -> dict[Pair, frozenset[str]]:
 def _declarations(path: Path, items: Any) -> dict[Pair, frozenset[str]]:
     if not isinstance(items, list):
         raise _error(path, f'has report schema {REPORT_SCHEMA} but no "declared" list; got '
-                           f"{_short(items)}")
+                           f"{clip(repr(items))}")
     out: dict[Pair, frozenset[str]] = {}
     for index, item in enumerate(items):
         where = f"declared entry {index}"
@@ -359,7 +355,7 @@ def _declarations(path: Path, items: Any) -> dict[Pair, frozenset[str]]:
         for name in ("strategy", "runner"):
             if not isinstance(item.get(name), str):
                 raise _error(path, f"{where}: {name!r} must be a string; got "
-                                   f"{_short(item.get(name))}")
+                                   f"{clip(repr(item.get(name)))}")
         for name, kind in (("precisions", str), ("world_sizes", int)):
             value = item.get(name)
             if not isinstance(value, list) or not all(
@@ -367,7 +363,7 @@ def _declarations(path: Path, items: Any) -> dict[Pair, frozenset[str]]:
             ):
                 what = "strings" if kind is str else "whole numbers"
                 raise _error(path, f"{where}: {name!r} must be a list of {what}; got "
-                                   f"{_short(value)}")
+                                   f"{clip(repr(value))}")
         pair = (item["strategy"], item["runner"])
         out[pair] = out.get(pair, frozenset()) | frozenset(item["precisions"])
     return out
@@ -379,7 +375,7 @@ def _checks(path: Path, suite: Any) -> tuple[str, ...]:
     checks = suite.get("checks") if isinstance(suite, dict) else None
     if not isinstance(checks, list) or not all(isinstance(c, str) for c in checks):
         raise _error(path, f'"suite" must be an object with a "checks" list of check ids; '
-                           f"got {_short(suite)}")
+                           f"got {clip(repr(suite))}")
     return tuple(checks)
 
 
@@ -419,10 +415,6 @@ def compare(old: ReportSummary, new: ReportSummary) -> Comparison:
 
 def _first_line(message: str) -> str:
     return next((line.strip() for line in message.splitlines() if line.strip()), "")
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 # --------------------------------------------------------------------------- rendering
@@ -525,7 +517,7 @@ def _grouped(changes: Sequence[Change], other: Mapping[RecordKey, Record]) -> li
             continue
         where = " ".join(entry[:2]) + (f" w{entry[2] or '?'}" if len(entry) == 3 else "")
         moves = sorted({f"{c.old or 'absent'} -> {c.new or 'absent'}" for c in groups[entry]})
-        lines.append(f"{where}: {_count(len(groups[entry]), 'record')} ({', '.join(moves)})")
+        lines.append(f"{where}: {plural(len(groups[entry]), 'record')} ({', '.join(moves)})")
     return lines
 
 

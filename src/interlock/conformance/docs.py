@@ -15,6 +15,7 @@ from pathlib import Path
 
 from interlock.conformance.table import CHECKS, Check, InDriver, InPytest, WorldSizes
 from interlock.connector.tables import PRECISIONS
+from interlock.output_files import write_text
 
 CONFORMANCE_PATH = Path("docs") / "conformance.md"
 BEGIN = ("<!-- The table of checks is generated from interlock/conformance/table.py by "
@@ -109,12 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if updated == page:
         print(f"{path} is up to date")
         return 0
-    tmp = path.with_suffix(".md.tmp")
     try:
-        tmp.write_text(updated, encoding="utf-8")
-        tmp.replace(path)
+        write_text(path, updated)
     except OSError as error:
-        tmp.unlink(missing_ok=True)
         print(f"{path}: cannot write it: {error}", file=sys.stderr)
         return 2
     print(f"wrote the table of checks in {path}")

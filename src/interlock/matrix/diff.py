@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import cast
 
 from interlock.connector.errors import ResolutionError
 from interlock.connector.planner import DevicesFlag, Plan, PrecisionFlag, plan
@@ -22,7 +22,7 @@ from interlock.connector.stages import STAGES
 from interlock.matrix import lock
 from interlock.matrix import parallelism as par
 from interlock.matrix.evaluate import show
-from interlock.matrix.lock import CellKey
+from interlock.matrix.lock import CellKey, K
 from interlock.matrix.parallelism import ParallelismKey
 from interlock.matrix.profiles import profile_named
 from interlock.matrix.space import BUILTIN_SPACE, FlagSpace
@@ -61,7 +61,6 @@ _KEY_FIELDS: Mapping[str, tuple[str, ...]] = {
 }
 
 AnyKey = CellKey | ParallelismKey
-K = TypeVar("K", CellKey, ParallelismKey)
 
 
 class LockFileError(ValueError):
@@ -177,7 +176,11 @@ def read_lock(path: Path) -> LockCells:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise _not_utf8(name, data, error) from None
-    cells, layouts = _parse(text, name)
+    try:
+        cells, layouts = lock.read(text)
+    except lock.LockDamaged as problem:
+        raise LockFileError(f"{name}: {problem}; the lock is damaged (regenerate it with "
+                            f"the interlock version it pins: {_WRITE_HINT})") from None
     return LockCells(cells=cells, parallelism=layouts, source=name, live=False)
 
 
@@ -205,125 +208,10 @@ def _not_utf8(name: str, data: bytes, error: UnicodeDecodeError,
 
 
 def _looks_like(first: str) -> str:
-    shown = first if len(first) <= 60 else first[:57] + "..."
-    said = f"its first line is {shown!r}"
+    said = f"its first line is {lock.clip(first)!r}"
     if first.lstrip()[:1] in ("{", "["):
         said += " (JSON, such as a conformance report)"
     return said + f"; a lock's first line starts with {LOCK_MAGIC!r}"
-
-
-class _Damaged(Exception):
-    """A line of a lock that does not parse (`_parse` adds the path and line)."""
-
-
-def _damaged(name: str, where: str) -> LockFileError:
-    return LockFileError(f"{name}: {where}; the lock is damaged (regenerate it with the "
-                         f"interlock version it pins: {_WRITE_HINT})")
-
-
-def _parse(text: str, name: str) -> tuple[dict[CellKey, str], dict[ParallelismKey, str]]:
-    """Both sections of a lock's text, every line checked."""
-    reader = _Reader()
-    for number, line in enumerate(text.splitlines(), 1):
-        try:
-            reader.read(line)
-        except _Damaged as problem:
-            raise _damaged(name, f"line {number}: {problem}") from None
-    if reader.declared is None:
-        raise _damaged(name, "no '# cells:' line (the columns header) was found")
-    if len(reader.cells) != reader.declared:
-        raise _damaged(name, f"the lock declares {reader.declared} cells but its rows give "
-                             f"{len(reader.cells)} (truncated or edited?)")
-    return reader.cells, reader.layouts
-
-
-class _Reader:
-    """A lock's lines, read in order: what `lock.parse` and `lock.parse_parallelism` read.
-    (State lives on the reader rather than in arguments, which typeguard would check at
-    every one of ten thousand lines.)"""
-
-    def __init__(self) -> None:
-        self.meanings: dict[str, str] = {}
-        self.columns: list[tuple[str, int]] = []
-        self.declared: int | None = None
-        self.cells: dict[CellKey, str] = {}
-        self.layouts: dict[ParallelismKey, str] = {}
-        self.profile: str | None = None
-
-    def read(self, line: str) -> None:
-        if not line:
-            return
-        if line.startswith("# cells:"):
-            self.columns_line(line)
-        elif line.startswith("#"):
-            return
-        elif line.startswith("@"):
-            ident, _, outcome = line[1:].partition(" ")
-            if not ident or not outcome.strip():
-                raise _Damaged(f"outcome definition {line!r} lacks an id or outcome")
-            if self.meanings.setdefault(ident, outcome) != outcome:
-                raise _Damaged(f"outcome id {ident!r} is defined twice, differently")
-        elif line.startswith("["):
-            if line.find("]") < 2:
-                raise _Damaged(f"profile header {_short(line)!r} has no ']'")
-            self.profile = line[1:line.index("]")]
-        elif line.startswith(f"{lock.PARALLELISM_PREFIX} "):
-            head, _, outcome = line.partition(": ")
-            words = head.split(" ")
-            if len(words) != 4 or not outcome.strip():
-                raise _Damaged("a parallelism line is 'parallelism PROFILE LAYOUT "
-                               f"STRATEGY: OUTCOME', not {_short(line)!r}")
-            self.layouts[(words[1], words[2], words[3])] = outcome
-        elif not self.columns or self.profile is None:
-            raise _Damaged(f"row {_short(line)!r} comes before the "
-                           f"{'columns line' if not self.columns else 'profile header'}")
-        else:
-            self.row(line)
-
-    def columns_line(self, line: str) -> None:
-        """The cell count and the (devices, num_nodes) columns: the ``# cells:`` line."""
-        count, sep, spec = line.removeprefix("# cells:").partition(
-            "; columns (devices/num_nodes): ")
-        if not sep:
-            raise _Damaged("the columns line lacks '; columns (devices/num_nodes): '")
-        if not count.strip().isdigit():
-            raise _Damaged(f"the cell count {count.strip()!r} is not a number")
-        self.declared = int(count)
-        self.columns = []
-        for column in spec.split(" "):
-            shown, _, nodes = column.rpartition("/")
-            if not shown or not nodes.isdigit():
-                raise _Damaged(f"column {column!r} of the columns line is not DEVICES/NODES")
-            self.columns.append((shown, int(nodes)))
-
-    def row(self, line: str) -> None:
-        """One row's cells: ``ACCELERATOR STRATEGY PRECISIONS: IDS``."""
-        head, _, row = line.partition(": ")
-        words = head.split(" ")
-        if len(words) != 3 or not row:
-            raise _Damaged(f"{_short(line)!r} is not 'ACCELERATOR STRATEGY PRECISIONS: IDS'")
-        accelerator, strategy, precisions = words
-        meanings, columns, cells, profile = self.meanings, self.columns, self.cells, self.profile
-        # no annotated variable in the loops: typeguard would check it at every token
-        tokens = [token.partition("*") for token in row.split(" ")]
-        for ident, star, count in tokens:
-            if ident not in meanings:
-                raise _Damaged(f"outcome id {ident!r} is used but never defined (no "
-                               f"'@{ident} ...' line above it)")
-            if star and not (count.isdigit() and int(count) > 0):
-                raise _Damaged(f"{ident + star + count!r} does not repeat an id a whole "
-                               "number of times")
-        values = [meanings[ident] for ident, star, count in tokens
-                  for _ in range(int(count) if star else 1)]
-        if len(values) != len(columns):
-            raise _Damaged(f"the row gives {len(values)} outcomes for {len(columns)} columns")
-        for precision in precisions.split(","):
-            for (devices, nodes), outcome in zip(columns, values, strict=True):
-                cells[(profile or "", accelerator, strategy, precision, devices, nodes)] = outcome
-
-
-def _short(line: str) -> str:
-    return line if len(line) <= 60 else line[:57] + "..."
 
 
 #: the last `current_lock`, by the registry version it was computed at
@@ -530,21 +418,6 @@ def _replan_layout(key: ParallelismKey) -> Plan | None:
 # showing ----------------------------------------------------------------------------
 
 
-def _cell_line(section: str, cell: ChangedCell) -> str:
-    old = cell.old if cell.old is not None else "(no such cell)"
-    new = cell.new if cell.new is not None else "(no such cell)"
-    if section == "parallelism":
-        profile, layout, strategy = cast(ParallelismKey, cell.key)
-        return f"{profile}: parallelism layout {layout} strategy={strategy}: {old} -> {new}"
-    profile, accelerator, strategy, precision, devices, nodes = cast(CellKey, cell.key)
-    return (f"{profile}: accelerator={accelerator} devices={devices} strategy={strategy} "
-            f"precision={precision} num_nodes={nodes}: {old} -> {new}")
-
-
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}{'' if count == 1 else 's'}"
-
-
 def render_text(diff: LockDiff, old: LockCells, new: LockCells, limit: int = 5) -> str:
     """The diff for a person: a header, a count, then each group with its rule and up to
     ``limit`` example cells."""
@@ -553,15 +426,15 @@ def render_text(diff: LockDiff, old: LockCells, new: LockCells, limit: int = 5) 
         lines.append(f"no cell changed ({diff.total_cells} cells)")
         return "\n".join(lines)
     lines.append(f"{diff.changed} of {diff.total_cells} cells changed, in "
-                 f"{_plural(len(diff.groups), 'group')}")
+                 f"{lock.plural(len(diff.groups), 'group')}")
     for group in diff.groups:
         where = "" if group.section == "cells" else "parallelism: "
-        lines.append(f"[{_plural(group.count, 'cell')}] {where}{group.reason}")
+        lines.append(f"[{lock.plural(group.count, 'cell')}] {where}{group.reason}")
         if group.rule is not None:
             sampled = (f" (from {group.planned} of {group.count} cells)"
                        if group.planned < group.count else "")
             lines.append(f"  rule: {group.rule}{sampled}")
-        lines += [f"  {_cell_line(group.section, c)}" for c in group.cells[:limit]]
+        lines += [f"  {lock.cell_line(c.key, c.old, c.new)}" for c in group.cells[:limit]]
         if group.count > limit:
             lines.append(f"  ... and {group.count - limit} more")
     return "\n".join(lines)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from interlock.connector.specs import StrategySpec
 from interlock.matrix.compat.data import HEADER_ABBREVIATIONS, Grid, Outcome
-from interlock.matrix.compat.layout import layout
+from interlock.matrix.compat.layout import Note, layout
 from interlock.matrix.compat.words import evidence_text
 
 CSS = """
@@ -88,32 +89,53 @@ def html_strategy(spec: StrategySpec) -> str:
 
 def html_grid(grid: Grid, caption: str, ok_text: Callable[[Outcome], str]) -> list[str]:
     laid = layout(grid)
-    out: list[str] = []
-    if laid.shown:
-        head = "".join(_html_header(h) for h in ("strategy", *grid.columns))
-        body = "\n".join(
-            "<tr>" + html_strategy(spec)
-            + "".join(html_cell(c, ok_text(c), grid.anchor, n) for c, n in cells) + "</tr>"
-            for spec, cells in laid.shown
-        )
-        out += ['<table class="grid">', f"<caption>{inline_html(caption)}</caption>",
-                '<colgroup><col class="strategy"></colgroup>',
-                f"<thead><tr>{head}</tr></thead>", "<tbody>", body, "</tbody>", "</table>"]
-    else:
-        out.append(f"<p>{inline_html(caption)}</p>")
-    if laid.collapsed:
-        out += ["<p>Not shown as rows: refused for one reason in every column.</p>",
-                '<ul class="collapsed">']
-        for specs, outcome, number in laid.collapsed:
-            names = ", ".join(f"<code>{escape(s.name)}</code>" for s in specs)
-            out.append(f"<li>{names} — {escape(grid.across)}: {breakable_code(outcome.code, '-')}"
-                       f"{note_link(grid.anchor, number)}</li>")
-        out.append("</ul>")
-    if laid.notes:
-        out += ["<p>Notes:</p>", '<ol class="notes">']
-        for note in laid.notes:
-            text = (inline_html(evidence_text(note.evidence)) if note.evidence is not None
-                    else f"<code>{escape(note.code)}</code>: {escape(note.reason)}")
-            out.append(f'<li id="{escape(grid.anchor)}-{note.number}">{text}</li>')
-        out.append("</ol>")
-    return out
+    head = "".join(_html_header(h) for h in ("strategy", *grid.columns))
+    body = "\n".join(
+        "<tr>" + html_strategy(spec)
+        + "".join(html_cell(c, ok_text(c), grid.anchor, n) for c, n in cells) + "</tr>"
+        for spec, cells in laid.shown
+    )
+    return [*html_table(caption, head, body),
+            *html_collapsed("rows", grid.across, grid.anchor, laid.collapsed),
+            *html_notes(laid.notes, grid.anchor, _html_note)]
+
+
+def _html_note(note: Note) -> str:
+    if note.evidence is not None:
+        return inline_html(evidence_text(note.evidence))
+    return f"<code>{escape(note.code)}</code>: {escape(note.reason)}"
+
+
+def html_table(caption: str, head: str, body: str) -> list[str]:
+    """A grid's table: its caption, a header row of ``head`` cells and the ``body``
+    rows; the caption alone as a paragraph when there are no rows."""
+    if not body:
+        return [f"<p>{inline_html(caption)}</p>"]
+    return ['<table class="grid">', f"<caption>{inline_html(caption)}</caption>",
+            '<colgroup><col class="strategy"></colgroup>',
+            f"<thead><tr>{head}</tr></thead>", "<tbody>", body, "</tbody>", "</table>"]
+
+
+def html_collapsed(what: str, across: str, anchor: str,
+                   collapsed: Sequence[tuple[Sequence[StrategySpec], Any, int]]) -> list[str]:
+    """The HTML of :func:`~interlock.matrix.compat.markdown_text.md_collapsed`."""
+    if not collapsed:
+        return []
+    every = "column" if what == "rows" else "row"
+    out = [f"<p>Not shown as {what}: refused for one reason in every {every}.</p>",
+           '<ul class="collapsed">']
+    for specs, refused, number in collapsed:
+        names = ", ".join(f"<code>{escape(s.name)}</code>" for s in specs)
+        out.append(f"<li>{names} — {escape(across)}: {breakable_code(refused.code, '-')}"
+                   f"{note_link(anchor, number)}</li>")
+    return [*out, "</ul>"]
+
+
+def html_notes(notes: Sequence[Note], anchor: str, render: Callable[[Note], str]
+               ) -> list[str]:
+    """A table's numbered notes, each with its anchor."""
+    if not notes:
+        return []
+    return ["<p>Notes:</p>", '<ol class="notes">',
+            *(f'<li id="{escape(anchor)}-{n.number}">{render(n)}</li>' for n in notes),
+            "</ol>"]

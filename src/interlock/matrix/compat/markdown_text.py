@@ -6,6 +6,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from interlock.connector.specs import StrategySpec
 from interlock.matrix.compat.data import HEADER_ABBREVIATIONS, PROSE_WIDTH, Grid, Outcome
 from interlock.matrix.compat.layout import Note, layout
 from interlock.matrix.compat.words import evidence_text
@@ -87,15 +88,24 @@ def md_grid(grid: Grid, ok_text: Callable[[Outcome], str]) -> list[str]:
              for spec, cells in laid.shown),
         ))
         out.append("")
-    if laid.collapsed:
-        out += ["Not shown as rows: refused for one reason in every column.", ""]
-        for specs, outcome, number in laid.collapsed:
-            names = ", ".join(f"`{s.name}`" for s in specs)
-            out += wrap(f"{names} — {grid.across}: `{outcome.code}`{superscript(number)}",
-                        first="- ", rest="  ")
-        out.append("")
+    out += md_collapsed("rows", grid.across, laid.collapsed)
     out += md_notes(laid.notes, md_note)
     return out
+
+
+def md_collapsed(what: str, across: str,
+                 collapsed: Sequence[tuple[Sequence[StrategySpec], Any, int]]) -> list[str]:
+    """The strategies not shown as ``what`` ("rows" or "columns"): one line per reason
+    (an outcome or answer with a ``code``) and its note number."""
+    if not collapsed:
+        return []
+    every = "column" if what == "rows" else "row"
+    out = [f"Not shown as {what}: refused for one reason in every {every}.", ""]
+    for specs, refused, number in collapsed:
+        names = ", ".join(f"`{s.name}`" for s in specs)
+        out += wrap(f"{names} — {across}: `{refused.code}`{superscript(number)}",
+                    first="- ", rest="  ")
+    return [*out, ""]
 
 
 def md_notes(notes: Sequence[Any], render: Callable[[Any], str]) -> list[str]:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
 import interlock
 from interlock.connector.specs import StrategySpec
@@ -161,17 +160,11 @@ def render_html(specs: Iterable[StrategySpec] | None = None,
 # --------------------------------------------------------------------------- files
 
 
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8", newline="\n")
-    tmp.replace(path)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Write docs/compatibility.md and .html under ROOT (default: the current
     directory), reading every conformance report in ROOT/docs."""
     from interlock.connector.docs import checkout_root
+    from interlock.output_files import write_text
 
     root = checkout_root(None if argv is None else list(argv),
                          "python -m interlock.matrix.compat",
@@ -180,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     reports = root / DOCS_DIR
     for path, text in ((root / MARKDOWN_PATH, render_markdown(report=reports)),
                        (root / HTML_PATH, render_html(report=reports))):
-        _write(path, text)
+        write_text(path, text, newline="\n")
         print(f"wrote {path}")
     return 0
 

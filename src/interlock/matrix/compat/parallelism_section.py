@@ -12,16 +12,19 @@ from interlock.connector.specs import StrategySpec
 from interlock.matrix import parallelism as par
 from interlock.matrix.compat.data import STRATEGY_PLACEHOLDER, Compatibility, Outcome
 from interlock.matrix.compat.html_text import (
-    breakable_code,
     escape,
     html_cell,
+    html_collapsed,
+    html_notes,
     html_strategy,
+    html_table,
     inline_html,
     note_link,
 )
 from interlock.matrix.compat.layout import Note, reason_template
 from interlock.matrix.compat.markdown_text import (
     md_cell,
+    md_collapsed,
     md_notes,
     md_table,
     md_text,
@@ -236,13 +239,7 @@ def md_parallelism(tables: Sequence[par.Table]) -> list[str]:
             for spec, others in alike:
                 out += wrap(_alike_line(spec, others), first="- ", rest="  ")
             out.append("")
-        if laid.collapsed:
-            out += ["Not shown as columns: refused for one reason in every row.", ""]
-            for specs, answer, number in laid.collapsed:
-                names = ", ".join(f"`{s.name}`" for s in specs)
-                out += wrap(f"{names} — every layout: `{answer.code}`{superscript(number)}",
-                            first="- ", rest="  ")
-            out.append("")
+        out += md_collapsed("columns", "every layout", laid.collapsed)
         out += md_notes(laid.notes, _md_parallelism_note)
     return out
 
@@ -270,41 +267,25 @@ def html_parallelism(tables: Sequence[par.Table]) -> list[str]:
         laid = layout_parallelism(table)
         anchor = laid.anchor
         out.append(f"<h3>Profile <code>{escape(table.setting.profile)}</code></h3>")
-        caption = _parallelism_caption(table)
-        if laid.columns:
-            head = "<th>layout</th>" + "".join(html_strategy(s) for s, _ in laid.columns)
-            body = "\n".join(
-                f'<tr><th title="{escape(_layout_title(layout))}">{escape(layout.name)}</th>'
-                + "".join(_html_parallelism_cell(a, anchor, n) for a, n in cells) + "</tr>"
-                for layout, cells in laid.rows
-            )
-            out += ['<table class="grid">', f"<caption>{inline_html(caption)}</caption>",
-                    '<colgroup><col class="strategy"></colgroup>',
-                    f"<thead><tr>{head}</tr></thead>", "<tbody>", body, "</tbody>",
-                    "</table>"]
-        else:
-            out.append(f"<p>{inline_html(caption)}</p>")
+        head = "<th>layout</th>" + "".join(html_strategy(s) for s, _ in laid.columns)
+        body = "\n".join(
+            f'<tr><th title="{escape(_layout_title(layout))}">{escape(layout.name)}</th>'
+            + "".join(_html_parallelism_cell(a, anchor, n) for a, n in cells) + "</tr>"
+            for layout, cells in laid.rows
+        ) if laid.columns else ""
+        out += html_table(_parallelism_caption(table), head, body)
         alike = [(spec, others) for spec, others in laid.columns if others]
         if alike:
             out += ["<ul>", *(f"<li>{inline_html(_alike_line(s, o))}</li>" for s, o in alike),
                     "</ul>"]
-        if laid.collapsed:
-            out += ["<p>Not shown as columns: refused for one reason in every row.</p>",
-                    '<ul class="collapsed">']
-            for specs, answer, number in laid.collapsed:
-                names = ", ".join(f"<code>{escape(s.name)}</code>" for s in specs)
-                out.append(f"<li>{names} — every layout: {breakable_code(answer.code, '-')}"
-                           f"{note_link(anchor, number)}</li>")
-            out.append("</ul>")
-        if laid.notes:
-            out += ["<p>Notes:</p>", '<ol class="notes">']
-            for note in laid.notes:
-                text = escape(_parallelism_note_text(note))
-                if note.code:
-                    text = f"<code>{escape(note.code)}</code>: {text}"
-                out.append(f'<li id="{escape(anchor)}-{note.number}">{text}</li>')
-            out.append("</ol>")
+        out += html_collapsed("columns", "every layout", anchor, laid.collapsed)
+        out += html_notes(laid.notes, anchor, _html_parallelism_note)
     return out
+
+
+def _html_parallelism_note(note: Note) -> str:
+    text = escape(_parallelism_note_text(note))
+    return f"<code>{escape(note.code)}</code>: {text}" if note.code else text
 
 
 def _layout_title(layout: par.NamedLayout) -> str:
