@@ -6,10 +6,13 @@
   ended at once, and the test it escaped from is reported as a failure of the run.
 - A failing test is named the moment its report arrives, so that a run which ends
   early (an internal error, a CI time limit) still says what failed.
+
+The folder the escaped children write to is removed when the run ends.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Generator
@@ -20,12 +23,15 @@ import pytest
 ESCAPES_ENV = "INTERLOCK_TEST_ESCAPES"
 _OWNER = os.getpid()
 _CONFIG: list[pytest.Config] = []
+#: the escapes folder this process made (and so removes at the end)
+_MADE: list[str] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput") and ESCAPES_ENV not in os.environ:
         # workers start after this and inherit the variable
         os.environ[ESCAPES_ENV] = tempfile.mkdtemp(prefix="interlock-test-escapes-")
+        _MADE.append(os.environ[ESCAPES_ENV])
     _CONFIG.append(config)
 
 
@@ -84,3 +90,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     for path in escapes:
         path.unlink()
+    if folder in _MADE:
+        with contextlib.suppress(OSError):  # a late escape's file: left for a person to read
+            os.rmdir(folder)
