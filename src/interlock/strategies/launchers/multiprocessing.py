@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
 import multiprocessing
@@ -146,8 +147,19 @@ class MultiProcessingLauncher(Launcher):
                 os.close(gate[0])
                 os.close(gate[1])
             errors.cleanup()
+            _remove_torch_error_files(process_context)
             if hosted:
                 release_store(rendezvous)
+
+
+def _remove_torch_error_files(context: Any) -> None:
+    """Remove the files torch's ``start_processes`` gives each worker for its traceback
+    (in the temp directory; a rank that raised leaves one, which torch never removes).
+    What they held has been read or reported by now."""
+    for name in getattr(context, "error_files", None) or ():
+        if name:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
 
 
 #: signals whose Python handlers raise (KeyboardInterrupt, the launcher's SIGTERM)
