@@ -20,8 +20,8 @@ from interlock.matrix.evaluate import show
 from interlock.matrix.lock import (
     LOCK_PATH,
     differences,
+    main,
     outcomes,
-    parallelism_differences,
     parse,
     parse_parallelism,
     render,
@@ -176,7 +176,7 @@ def test_the_committed_lock_pins_the_parallelism_section() -> None:
     committed = parse_parallelism((ROOT / LOCK_PATH).read_text(encoding="utf-8"))
     current = par.outcomes()
     assert len(current) == (len(par.SETTINGS) * len(par.LAYOUTS) * len(par.strategies()))
-    changed = parallelism_differences(committed, current)
+    changed = differences(committed, current)
     assert not changed, (
         "the engine's parallelism answers differ from matrix.lock; if the change is "
         "intended, run `nox -s matrix -- --update` and commit the file. Changed cells:\n"
@@ -204,7 +204,27 @@ def test_parallelism_lock_tokens_are_plans_answers() -> None:
 def test_parallelism_differences_read_well() -> None:
     before = {("cuda-8", "tp-8", "fsdp"): "ok tp=8"}
     after = {("cuda-8", "tp-8", "fsdp"): "unsupported-parallelism parallelism"}
-    assert parallelism_differences(before, after) == [
+    assert differences(before, after) == [
         "cuda-8: parallelism layout tp-8 strategy=fsdp: ok tp=8 -> "
         "unsupported-parallelism parallelism"
     ]
+
+
+@pytest.mark.parametrize("damage", ["rows", "binary", "directory"])
+def test_the_lock_check_refuses_a_lock_it_cannot_read_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        damage: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    if damage == "rows":
+        LOCK_PATH.write_text("# cells: 3; columns (devices/num_nodes): 1/1\n[x]\n"
+                             "cpu ddp 32-true: z\n", encoding="utf-8")
+    elif damage == "binary":
+        LOCK_PATH.write_bytes(b"\xff\xfe\x00lock")
+    else:
+        LOCK_PATH.mkdir()
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("matrix.lock cannot be read (")
+    assert "Traceback" not in err
+    if damage == "rows":
+        assert "line 3: outcome id 'z' is used but never defined" in err

@@ -276,31 +276,33 @@ def differences(committed: Mapping[K, str], current: Mapping[K, str],
     return lines
 
 
-parallelism_differences = differences
-
-
 def main(argv: list[str] | None = None) -> int:
-    """``python -m interlock.matrix.lock [--update]``: check matrix.lock, or rewrite it."""
+    """``python -m interlock.matrix.lock [--update]``: check matrix.lock, or rewrite it.
+    A lock that cannot be read (damaged, not UTF-8, not a file) is refused, exit 2,
+    before the engine's cells are evaluated."""
     import sys
 
     from interlock.output_files import write_text
 
     args = sys.argv[1:] if argv is None else argv
+    update = "--update" in args
+    if not update:
+        if not LOCK_PATH.exists():
+            print(f"{LOCK_PATH} is missing; run with --update", file=sys.stderr)
+            return 1
+        try:
+            committed, committed_layouts = read(LOCK_PATH.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, LockDamaged) as problem:
+            print(f"{LOCK_PATH} cannot be read ({problem}); run with --update",
+                  file=sys.stderr)
+            return 2
     current = outcomes()
     layouts = par.outcomes()
     counted = f"{len(current)} cells, {len(layouts)} parallelism cells"
-    if "--update" in args:
+    if update:
         write_text(LOCK_PATH, render(cells=current, parallelism=layouts))
         print(f"wrote {LOCK_PATH} ({counted})")
         return 0
-    if not LOCK_PATH.exists():
-        print(f"{LOCK_PATH} is missing; run with --update", file=sys.stderr)
-        return 1
-    try:
-        committed, committed_layouts = read(LOCK_PATH.read_text(encoding="utf-8"))
-    except LockDamaged as damaged:
-        print(f"{LOCK_PATH} is damaged ({damaged}); run with --update", file=sys.stderr)
-        return 1
     changed = differences(committed, current) + differences(committed_layouts, layouts)
     if changed:
         print("cells whose outcome changed:\n" + "\n".join(changed), file=sys.stderr)
