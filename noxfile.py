@@ -73,7 +73,7 @@ def lint(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """Regenerate docs/rules.md from the engine's tables."""
     _install(session, "test")
-    session.run("python", "-m", "interlock.connector.docs")
+    session.run("python", "-m", "interlock.engine.docs")
 
 
 @nox.session(python=PYTHON)
@@ -95,7 +95,7 @@ def matrix(session: nox.Session) -> None:
     _install(session, "test")
     session.run("python", "-m", "interlock.matrix.lock", *session.posargs)
     if "--update" in session.posargs:
-        session.run("python", "-m", "interlock.connector.docs")
+        session.run("python", "-m", "interlock.engine.docs")
         session.run("python", "-m", "interlock.matrix.fits")
         session.run("python", "-m", "interlock.matrix.compat")
 

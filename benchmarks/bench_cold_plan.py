@@ -46,9 +46,12 @@ t0 = time.perf_counter()
 import interlock
 imported = time.perf_counter() - t0
 try:
-    from interlock.connector.planner import clear_cache
-except ImportError:  # a revision that moved it
-    clear_cache = interlock.clear_cache
+    from interlock.engine.planner import clear_cache
+except ImportError:  # a revision from before interlock.engine
+    try:
+        from interlock.connector.planner import clear_cache
+    except ImportError:  # one that moved it
+        clear_cache = interlock.clear_cache
 FLAGS = [
     {},
     {"accelerator": "cpu", "devices": 2, "strategy": "ddp"},

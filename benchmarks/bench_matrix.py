@@ -31,7 +31,7 @@ def staged() -> tuple[int, float]:
 
 def per_cell(sample: int, seed: int = 0) -> float:
     """Seconds per cell when each cell calls plan() with the memo emptied."""
-    from interlock.connector.planner import clear_cache
+    from interlock.engine.planner import clear_cache
 
     rng = random.Random(seed)
     values = {

@@ -297,7 +297,7 @@ def bench_flag_set(
         return connector_cls(**flags)
 
     can_build, build_note = _plan_builds(interlock, machine, flags)
-    from interlock.connector.planner import clear_cache
+    from interlock.engine.planner import clear_cache
 
     contenders: dict[str, Callable[[], Any]] = {
         "interlock": il_cached,

@@ -569,7 +569,7 @@ def bench_resolve(repeat: int, warmup: int) -> list[dict[str, Any]]:
     from lightning.fabric.connector import _Connector
 
     import interlock
-    from interlock.connector.planner import clear_cache
+    from interlock.engine.planner import clear_cache
 
     machine = interlock.Machine.probe()
     results = []

@@ -12,7 +12,7 @@ from typeguard import suppress_type_checks
 
 from interlock import Machine, ResolutionError, plan, resolve
 from interlock.cli import main
-from interlock.connector.limits import (
+from interlock.engine.limits import (
     MAX_DEVICES_PER_NODE,
     MAX_DEVICES_TEXT,
     MAX_NUM_NODES,

@@ -19,7 +19,7 @@ import pytest
 
 import interlock
 from interlock import Machine, ResolutionError, plan
-from interlock.connector.tables import ENVIRONMENT_VARIABLES, RENDEZVOUS_VARIABLE
+from interlock.engine.tables import ENVIRONMENT_VARIABLES, RENDEZVOUS_VARIABLE
 from interlock.strategies.ddp import DDPStrategy
 from interlock.strategies.environments import (
     ExternalLauncherEnvironment,

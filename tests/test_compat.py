@@ -13,8 +13,8 @@ from typeguard import suppress_type_checks
 
 import interlock
 from interlock import unregister
-from interlock.connector.specs import StrategySpec
-from interlock.connector.tables import PRECISION_NAMES
+from interlock.engine.specs import StrategySpec
+from interlock.engine.tables import PRECISION_NAMES
 from interlock.matrix import compat
 from interlock.matrix import parallelism as par
 from interlock.matrix.compat import (

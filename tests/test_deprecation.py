@@ -3,6 +3,9 @@ deprecated thing keeps working while it warns."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import types
 import warnings
 
@@ -58,10 +61,10 @@ def test_a_deprecated_function_still_runs_and_warns_at_the_call() -> None:
 def test_moved_names_keep_old_imports_working() -> None:
     module = types.ModuleType("interlock_old_home")
     module.__getattr__ = moved_names(  # type: ignore[method-assign]
-        "interlock_old_home", {"plan": "interlock.connector.planner:plan"}, since="0.2.0")
+        "interlock_old_home", {"plan": "interlock.engine.planner:plan"}, since="0.2.0")
     with pytest.warns(InterlockDeprecationWarning,
                       match="interlock_old_home.plan is deprecated .* use "
-                      "interlock.connector.planner.plan instead"):
+                      "interlock.engine.planner.plan instead"):
         assert module.plan is interlock.plan
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -84,3 +87,39 @@ def test_a_plugin_marked_with_the_former_attribute_still_plans_and_warns() -> No
         warnings.simplefilter("error")  # the runtime's own plugins use the new name
         interlock.plan(accelerator="cpu", devices=1,
                        plugins=[MixedPrecision("bf16-mixed", "cpu")])
+
+
+#: run in a fresh interpreter: the old path warns on its first import in a process
+_OLD_PATH = textwrap.dedent("""
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import interlock.connector.planner as old
+        import interlock.connector.stages.flags.draft as old_draft
+        from interlock.connector import ResolutionError, plan
+        from interlock.connector.errors import ResolutionError as OldError
+    import interlock
+    import interlock.engine.planner as new
+    import interlock.engine.stages.flags.draft as new_draft
+    assert old is new and old_draft is new_draft, (old, new, old_draft, new_draft)
+    assert new.__spec__.name == "interlock.engine.planner", new.__spec__
+    assert new_draft.__spec__.name == "interlock.engine.stages.flags.draft"
+    assert ResolutionError is OldError is interlock.ResolutionError
+    assert plan is interlock.plan
+    print([str(w.message) for w in caught])
+    try:
+        import interlock.connector.no_such_module
+    except ModuleNotFoundError as error:
+        print(error.name)
+""")
+
+
+def test_the_engines_old_path_warns_once_and_is_the_same_modules() -> None:
+    result = subprocess.run([sys.executable, "-c", _OLD_PATH], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    warned, missing = result.stdout.splitlines()
+    assert warned == str([
+        "interlock.connector is deprecated since interlock 0.2.0 and may be removed in "
+        "0.4.0; use interlock.engine instead"])
+    assert missing == "interlock.connector.no_such_module"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from interlock.connector import docs
+from interlock.engine import docs
 from interlock.matrix import compat, fits
 
 GENERATORS: dict[str, Callable[[Sequence[str] | None], int]] = {

@@ -1,4 +1,4 @@
-"""Dependencies point one way: the engine (``interlock.connector``) never imports the
+"""Dependencies point one way: the engine (``interlock.engine``) never imports the
 runtime (``interlock.strategies``), and the runtime's modules import each other without
 a cycle. Read from the source's syntax trees, so an import hidden inside a function or
 under ``TYPE_CHECKING`` counts like any other."""
@@ -81,24 +81,24 @@ def _within(target: str, package: str) -> bool:
 
 def test_the_engine_never_imports_the_runtime() -> None:
     found = sorted({f"{i.module}:{i.line}" + (" (under TYPE_CHECKING)" if i.type_only else "")
-                    for path in sorted((PACKAGE / "connector").rglob("*.py"))
+                    for path in sorted((PACKAGE / "engine").rglob("*.py"))
                     for i in imports(path) if _within(i.target, "interlock.strategies")})
     assert not found, (
-        "interlock.connector must not import interlock.strategies (not in a function, "
+        "interlock.engine must not import interlock.strategies (not in a function, "
         "not for types); name the implementation in a row's factory string, or move the "
         "code beside the strategies:\n  " + "\n  ".join(found)
     )
 
 
 def test_the_engine_never_leaves_its_package() -> None:
-    """`Plan.build` reaches the builder through `interlock.connector.planner.use_builder`,
+    """`Plan.build` reaches the builder through `interlock.engine.planner.use_builder`,
     which `interlock.resolving` calls at import: no engine module imports anything of
     interlock outside the engine."""
-    found = sorted({str(i) for path in sorted((PACKAGE / "connector").rglob("*.py"))
+    found = sorted({str(i) for path in sorted((PACKAGE / "engine").rglob("*.py"))
                     for i in imports(path)
                     if _within(i.target, "interlock")
-                    and not _within(i.target, "interlock.connector")})
-    assert not found, ("interlock.connector imports interlock modules outside the "
+                    and not _within(i.target, "interlock.engine")})
+    assert not found, ("interlock.engine imports interlock modules outside the "
                        "engine:\n  " + "\n  ".join(found))
 
 
@@ -169,3 +169,12 @@ def test_no_module_of_the_package_imports_itself_in_a_circle() -> None:
     cycles = _cycles(graph)
     assert not cycles, "import circles in interlock:\n  " + "\n\n  ".join(
         _describe(graph, c) for c in cycles)
+
+
+def test_nothing_in_the_package_imports_the_engines_old_path() -> None:
+    """`interlock.connector` is kept for users' old imports only: a module of interlock
+    that imported it would warn on every user's first import."""
+    found = sorted({str(i) for path in sorted(PACKAGE.rglob("*.py"))
+                    if not _within(module_name(path), "interlock.connector")
+                    for i in imports(path) if _within(i.target, "interlock.connector")})
+    assert not found, "import interlock.engine instead:\n  " + "\n  ".join(found)

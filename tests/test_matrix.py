@@ -11,9 +11,9 @@ from typeguard import suppress_type_checks
 
 import interlock
 from interlock import ResolutionError
-from interlock.connector.registry import current_parts
-from interlock.connector.stages.flags import OneFlag, read_flag, read_flags
-from interlock.connector.written import Written
+from interlock.engine.registry import current_parts
+from interlock.engine.stages.flags import OneFlag, read_flag, read_flags
+from interlock.engine.written import Written
 from interlock.matrix import FLAG_SPACE, PROFILES, evaluate, outcome_of, profile_named
 from interlock.matrix import parallelism as par
 from interlock.matrix.evaluate import show
@@ -108,7 +108,7 @@ def test_each_flag_value_reads_alone_as_plan_reads_it(flag: OneFlag) -> None:
 
 @pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
 def test_every_cell_of_a_mixed_space_matches_plan(profile: Any) -> None:
-    """The matrix and plan() run the same steps (`interlock.connector.stages.STEPS`);
+    """The matrix and plan() run the same steps (`interlock.engine.stages.STEPS`);
     what differs is how they read the flags (each value alone, or all at once) and the
     memo. Every cell of a space with refusals in every flag gives plan()'s refusal code
     and flag, or plan()'s summary."""

@@ -12,8 +12,8 @@ from typeguard import suppress_type_checks
 
 import interlock
 from interlock import ResolutionError
-from interlock.connector.errors import BUILD_ERROR_CODES, ERROR_CODES
-from interlock.connector.stages import STAGES
+from interlock.engine.errors import BUILD_ERROR_CODES, ERROR_CODES
+from interlock.engine.stages import STAGES
 from interlock.matrix import diff
 from interlock.matrix import lock as lockfile
 from interlock.matrix.diff import (

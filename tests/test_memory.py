@@ -24,7 +24,7 @@ from interlock import (
     StrategySpec,
     plan,
 )
-from interlock.connector.memory import format_bytes, parse_bytes, pipeline_stages
+from interlock.engine.memory import format_bytes, parse_bytes, pipeline_stages
 from machines import CPU, FULL
 
 GiB = 1 << 30

@@ -297,7 +297,7 @@ def test_sixteen_mixed_on_cpu_is_kept() -> None:
 def test_precision_support_by_family(
     strategy: str, machine: Machine, supported: tuple[str, ...]
 ) -> None:
-    from interlock.connector.tables import PRECISION_NAMES
+    from interlock.engine.tables import PRECISION_NAMES
 
     devices: int | str = 2
     if strategy in ("single_device", "xla"):
@@ -486,7 +486,7 @@ def test_num_nodes_must_be_a_real_int() -> None:
 
 
 def test_memo_returns_the_same_plan_and_never_conflates_types() -> None:
-    from interlock.connector.planner import clear_cache
+    from interlock.engine.planner import clear_cache
 
     clear_cache()
     first = plan(devices=1, precision=16, machine=EIGHT_GPUS)
@@ -517,7 +517,7 @@ def test_memo_follows_the_registry() -> None:
 
 
 def test_memo_is_bounded() -> None:
-    from interlock.connector.planner import _MEMO, MEMO_SIZE, clear_cache
+    from interlock.engine.planner import _MEMO, MEMO_SIZE, clear_cache
 
     clear_cache()
     for n in range(1, MEMO_SIZE + 50):

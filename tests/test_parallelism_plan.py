@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from typeguard import suppress_type_checks
 
 from interlock import Machine, MeshLayout, Parallelism, ResolutionError, plan
-from interlock.connector.errors import ERROR_CODES
-from interlock.connector.parallelism import DIMS, FLATTENED
+from interlock.engine.errors import ERROR_CODES
+from interlock.engine.parallelism import DIMS, FLATTENED
 from machines import CPU, EIGHT_GPUS
 from plugins import StandInModelParallel
 

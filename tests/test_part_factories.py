@@ -12,8 +12,8 @@ from typeguard import suppress_type_checks
 
 import interlock
 from interlock import InterlockDeprecationWarning, Machine
-from interlock.connector.optimizers import OptimizerRow
-from interlock.connector.tables import (
+from interlock.engine.optimizers import OptimizerRow
+from interlock.engine.tables import (
     ACCELERATORS,
     CLUSTERS,
     LAUNCHERS,
@@ -135,7 +135,7 @@ def test_launcher_factory_is_a_launcher_of_that_name(row: LauncherRow) -> None:
 
 def test_the_engine_never_imports_a_factory() -> None:
     """Every factory lives in the runtime (or a plugin), which the engine never imports:
-    the factory strings name modules outside interlock.connector."""
+    the factory strings name modules outside interlock.engine."""
     rows: tuple[PrecisionRow | AcceleratorRow | ClusterRow | LauncherRow, ...] = (
         *PRECISIONS, *ACCELERATORS, *CLUSTERS, *LAUNCHERS)
     for row in rows:

@@ -30,10 +30,10 @@ from interlock import (
     registered,
     unregister,
 )
-from interlock.connector import registry
-from interlock.connector.docs import render_rules_markdown
-from interlock.connector.registry import broken_entry_points, entry_points, registry_version
-from interlock.connector.tables import (
+from interlock.engine import registry
+from interlock.engine.docs import render_rules_markdown
+from interlock.engine.registry import broken_entry_points, entry_points, registry_version
+from interlock.engine.tables import (
     AcceleratorRow,
     CheckpointIORow,
     ClusterRow,

@@ -9,15 +9,15 @@ from hypothesis import strategies as st
 from typeguard import suppress_type_checks
 
 from interlock import Machine, Plan, ResolutionError, StrategySpec, plan, registered
-from interlock.connector.errors import ERROR_CODES, FLAGS
-from interlock.connector.limits import (
+from interlock.engine.errors import ERROR_CODES, FLAGS
+from interlock.engine.limits import (
     MAX_DEVICES_PER_NODE,
     MAX_DEVICES_TEXT,
     MAX_NUM_NODES,
     MAX_WORLD_SIZE,
 )
-from interlock.connector.machine import OPTIONAL_PACKAGES, START_METHODS
-from interlock.connector.tables import (
+from interlock.engine.machine import OPTIONAL_PACKAGES, START_METHODS
+from interlock.engine.tables import (
     ACCELERATOR_INPUTS,
     ACCELERATOR_ROWS,
     CLUSTER_ROWS,
@@ -200,7 +200,7 @@ def test_valid_plans_are_reproduced_by_their_own_outcome(
         first.launcher, first.cluster_environment)
 
 
-# Numbers beyond the bounds of interlock.connector.limits, in every form a flag takes.
+# Numbers beyond the bounds of interlock.engine.limits, in every form a flag takes.
 _beyond = MAX_DEVICES_PER_NODE + 1
 _big = st.integers(min_value=_beyond, max_value=10**120) | st.sampled_from([2**62, 10**100])
 # more digits than Python turns into text (built by a map: hypothesis prints strategies)

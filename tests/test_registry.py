@@ -16,8 +16,8 @@ import pytest
 
 import interlock
 from interlock import RegistrationError, ResolutionError, StrategySpec, plan
-from interlock.connector import registry
-from interlock.connector.spec_problems import spec_problems
+from interlock.engine import registry
+from interlock.engine.spec_problems import spec_problems
 from machines import CPU, NOTEBOOK
 
 COMPRESSED = StrategySpec(
@@ -92,8 +92,8 @@ def test_malformed_spec_lists_every_problem() -> None:
 
 
 def test_families_are_the_builtin_ones_and_other() -> None:
-    from interlock.connector.builtin import BUILTIN_STRATEGIES
-    from interlock.connector.spec_problems import strategy_families
+    from interlock.engine.builtin import BUILTIN_STRATEGIES
+    from interlock.engine.spec_problems import strategy_families
 
     families = strategy_families()
     assert families[-1] == "other"
@@ -352,9 +352,9 @@ def test_the_conformance_cli_reports_a_broken_entry_point_as_a_failure(
 
 
 def test_the_conformance_guide_documents_every_spec_field_and_value() -> None:
-    from interlock.connector.spec_problems import strategy_families
-    from interlock.connector.specs import CAPABILITIES
-    from interlock.connector.tables import (
+    from interlock.engine.spec_problems import strategy_families
+    from interlock.engine.specs import CAPABILITIES
+    from interlock.engine.tables import (
         ACCELERATOR_ROWS,
         INSTALL_HINTS,
         LAUNCHER_ROWS,

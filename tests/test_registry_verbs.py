@@ -28,10 +28,10 @@ from interlock import (
     registered,
     unregister,
 )
-from interlock.connector import registry
-from interlock.connector.optimizers import OptimizerRow
-from interlock.connector.retired_verbs import RETIRED
-from interlock.connector.tables import (
+from interlock.engine import registry
+from interlock.engine.optimizers import OptimizerRow
+from interlock.engine.retired_verbs import RETIRED
+from interlock.engine.tables import (
     AcceleratorRow,
     CheckpointIORow,
     ClusterRow,
@@ -59,8 +59,11 @@ def clean() -> Iterator[None]:
 
 
 def _retired(module: str, name: str) -> object:
+    with warnings.catch_warnings():  # interlock.connector's own warning, on first import
+        warnings.simplefilter("ignore", InterlockDeprecationWarning)
+        home = importlib.import_module(module)
     with pytest.warns(InterlockDeprecationWarning) as caught:
-        found = getattr(importlib.import_module(module), name)
+        found = getattr(home, name)
     _, replacement = RETIRED[name]
     message = str(caught[0].message)
     assert f"{module}.{name}" in message and replacement in message, message

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from interlock import Machine, ModelShape, ResolutionError, plan, register, unregister
-from interlock.connector.planner import STAGES, clear_cache
-from interlock.connector.rules import audited
+from interlock.engine.planner import STAGES, clear_cache
+from interlock.engine.rules import audited
 from machines import (
     CPU,
     EIGHT_GPUS,
@@ -320,7 +320,7 @@ def _broken_entry_points(monkeypatch: pytest.MonkeyPatch,
     module is missing; loaded afresh (with their warnings), then as they were."""
     from importlib import metadata
 
-    from interlock.connector import registry
+    from interlock.engine import registry
 
     installed = metadata.EntryPoints((
         *(ep for kind in registry.KINDS.values()

@@ -8,8 +8,8 @@ from typing import NamedTuple
 import pytest
 
 from interlock import Machine, ResolutionError
-from interlock.connector.registry import current_parts, registered
-from interlock.connector.runner import (
+from interlock.engine.registry import current_parts, registered
+from interlock.engine.runner import (
     SEEDS,
     Memo,
     Run,
@@ -19,11 +19,11 @@ from interlock.connector.runner import (
     run_memoised,
     run_steps,
 )
-from interlock.connector.specs import StrategySpec
-from interlock.connector.stages import STAGES, STEPS
-from interlock.connector.stages.flags import read_flags, seeds
-from interlock.connector.stages.strategy import StrategyChoice
-from interlock.connector.written import Written
+from interlock.engine.specs import StrategySpec
+from interlock.engine.stages import STAGES, STEPS
+from interlock.engine.stages.flags import read_flags, seeds
+from interlock.engine.stages.strategy import StrategyChoice
+from interlock.engine.written import Written
 
 
 class Counted(NamedTuple):

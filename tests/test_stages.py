@@ -13,9 +13,9 @@ import pytest
 import interlock
 import machines
 from interlock import ResolutionError, StrategySpec, registered
-from interlock.connector.planner import clear_cache
-from interlock.connector.registry import current_parts
-from interlock.connector.rules import (
+from interlock.engine.planner import clear_cache
+from interlock.engine.registry import current_parts
+from interlock.engine.rules import (
     Decision,
     DevicesRequest,
     Draft,
@@ -25,11 +25,11 @@ from interlock.connector.rules import (
     audited,
     run_stage,
 )
-from interlock.connector.stages import STAGES
-from interlock.connector.stages.accelerator import AcceleratorInput, choose_accelerator
-from interlock.connector.stages.devices import DevicesInput, place_devices
-from interlock.connector.stages.flags import read_flag, read_flags
-from interlock.connector.written import Written
+from interlock.engine.stages import STAGES
+from interlock.engine.stages.accelerator import AcceleratorInput, choose_accelerator
+from interlock.engine.stages.devices import DevicesInput, place_devices
+from interlock.engine.stages.flags import read_flag, read_flags
+from interlock.engine.written import Written
 from interlock.matrix.profiles import PROFILES
 from interlock.matrix.space import FLAG_SPACE
 from plugins import (
@@ -212,5 +212,5 @@ def test_the_stages_run_in_the_documented_order() -> None:
         "flags", "sizing", "accelerator", "devices", "cluster", "strategy", "precision",
         "parallelism", "plugins", "memory"]
     for stage in STAGES:
-        module = importlib.import_module(f"interlock.connector.stages.{stage.name}")
+        module = importlib.import_module(f"interlock.engine.stages.{stage.name}")
         assert getattr(module, f"{stage.name.upper()}_STAGE") is stage

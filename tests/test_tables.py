@@ -6,13 +6,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from interlock.connector.builtin import BUILTIN_STRATEGIES
-from interlock.connector.docs import RULES_PATH, render_rules_markdown
-from interlock.connector.errors import BUILD_ERROR_CODES, ERROR_CODES
-from interlock.connector.planner import STAGES
-from interlock.connector.rules import always
-from interlock.connector.spec_problems import spec_problems
-from interlock.connector.tables import (
+from interlock.engine.builtin import BUILTIN_STRATEGIES
+from interlock.engine.docs import RULES_PATH, render_rules_markdown
+from interlock.engine.errors import BUILD_ERROR_CODES, ERROR_CODES
+from interlock.engine.planner import STAGES
+from interlock.engine.rules import always
+from interlock.engine.spec_problems import spec_problems
+from interlock.engine.tables import (
     ACCELERATOR_NAMES,
     ACCELERATORS,
     CLUSTERS,
@@ -132,7 +132,7 @@ def test_probe_keeps_every_cluster_variable() -> None:
 def test_rules_doc_is_current() -> None:
     committed = (ROOT / RULES_PATH).read_text(encoding="utf-8")
     assert committed == render_rules_markdown(), (
-        "docs/rules.md is stale: run `nox -s docs` (python -m interlock.connector.docs) "
+        "docs/rules.md is stale: run `nox -s docs` (python -m interlock.engine.docs) "
         "and commit the result"
     )
 

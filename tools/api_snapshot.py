@@ -116,7 +116,7 @@ def snapshot() -> str:
     """The public API as sorted, diff-friendly lines."""
     import interlock
     from interlock.conformance.report import REPORT_SCHEMA, Record
-    from interlock.connector.registry import KINDS
+    from interlock.engine.registry import KINDS
 
     lines = ["# the public API of interlock (tools/api_snapshot.py); see docs/api-policy.md",
              "", "## interlock"]

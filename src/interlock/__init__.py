@@ -3,7 +3,8 @@
 from typing import TYPE_CHECKING
 
 from interlock.checkpoints import Checkpoint, CheckpointManager
-from interlock.connector import (
+from interlock.deprecation import InterlockDeprecationWarning
+from interlock.engine import (
     ERROR_CODES,
     AcceleratorRow,
     CheckpointIORow,
@@ -29,8 +30,7 @@ from interlock.connector import (
     registered,
     unregister,
 )
-from interlock.connector.retired_verbs import retired
-from interlock.deprecation import InterlockDeprecationWarning
+from interlock.engine.retired_verbs import retired
 from interlock.resolving import resolve
 from interlock.seeding import seed_everything
 from interlock.shapes import model_shape

@@ -10,16 +10,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from interlock.connector.errors import ResolutionError
-from interlock.connector.limits import MAX_DEVICES_PER_NODE, short_repr
-from interlock.connector.machine import OPTIONAL_PACKAGES, START_METHODS, Machine
-from interlock.connector.memory import parse_bytes
-from interlock.connector.model import ModelShape
-from interlock.connector.parallelism import DIMS
-from interlock.connector.planner import plan
-from interlock.connector.registration import RegistrationError
-from interlock.connector.registry import registered
-from interlock.connector.tables import ACCELERATORS, PackageRow
+from interlock.engine.errors import ResolutionError
+from interlock.engine.limits import MAX_DEVICES_PER_NODE, short_repr
+from interlock.engine.machine import OPTIONAL_PACKAGES, START_METHODS, Machine
+from interlock.engine.memory import parse_bytes
+from interlock.engine.model import ModelShape
+from interlock.engine.parallelism import DIMS
+from interlock.engine.planner import plan
+from interlock.engine.registration import RegistrationError
+from interlock.engine.registry import registered
+from interlock.engine.tables import ACCELERATORS, PackageRow
 
 SIMULATE_HELP = (
     "simulate a machine instead of probing this one: comma-separated tokens "
@@ -67,7 +67,7 @@ def parse_simulate(text: str) -> Machine:
                     or int(digits) > MAX_DEVICES_PER_NODE):
                 raise UsageError(
                     f"--simulate {key}= is at most {MAX_DEVICES_PER_NODE} devices (no host "
-                    f"has more; see interlock.connector.limits), got {short_repr(value)}"
+                    f"has more; see interlock.engine.limits), got {short_repr(value)}"
                 )
             if key == "cuda":
                 cuda = int(digits)

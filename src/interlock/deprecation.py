@@ -1,10 +1,10 @@
 """Deprecations: the one way a public name, parameter or value is retired (the policy:
-docs/api-policy.md). The helpers live in the engine, `interlock.connector.deprecation`,
+docs/api-policy.md). The helpers live in the engine, `interlock.engine.deprecation`,
 so that the engine can use them too; this is their public path."""
 
 from __future__ import annotations
 
-from interlock.connector.deprecation import (
+from interlock.engine.deprecation import (
     InterlockDeprecationWarning,
     deprecated,
     deprecation_message,

@@ -16,11 +16,11 @@ import platform
 import re
 from collections.abc import Mapping
 
-from interlock.connector.errors import ResolutionError
-from interlock.connector.machine import Machine
-from interlock.connector.planner import plan
-from interlock.connector.registry import current_parts
-from interlock.connector.tables import PackageRow
+from interlock.engine.errors import ResolutionError
+from interlock.engine.machine import Machine
+from interlock.engine.planner import plan
+from interlock.engine.registry import current_parts
+from interlock.engine.tables import PackageRow
 
 #: Prefixes of the variables launchers, schedulers and communication libraries set,
 #: beyond the ones the engine reads (every cluster environment row's variables).
@@ -75,7 +75,7 @@ def package_versions() -> dict[str, str]:
     """Each optional package's installed version, or ``not installed``."""
     found: dict[str, str] = {}
     # imported here: the registries load plugins' entry points
-    from interlock.connector.registry import registered
+    from interlock.engine.registry import registered
 
     for name in registered(PackageRow):
         try:

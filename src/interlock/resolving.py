@@ -1,7 +1,7 @@
 """`resolve()`: the engine's `plan()`, handed to the builder that lives with the
 strategies.
 
-The engine (`interlock.connector`) never imports the runtime; this module joins the
+The engine (`interlock.engine`) never imports the runtime; this module joins the
 two, and imports the runtime (and torch) only when a plan is built, so that
 ``import interlock`` and `plan()` stay light.
 
@@ -16,7 +16,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ParamSpec
 
-from interlock.connector.planner import Plan, check_machine, plan, use_builder
+from interlock.engine.planner import Plan, check_machine, plan, use_builder
 
 if TYPE_CHECKING:
     from interlock.strategies.base import Strategy

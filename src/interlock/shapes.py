@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from interlock.connector.model import ModelShape
+from interlock.engine.model import ModelShape
 
 if TYPE_CHECKING:
     from torch import nn

@@ -17,7 +17,7 @@ from torch.optim import Optimizer
 
 import interlock
 from interlock import StrategySpec, registered
-from interlock.connector.builtin import BUILTIN_STRATEGIES
+from interlock.engine.builtin import BUILTIN_STRATEGIES
 from interlock.strategies.ddp import DDPStrategy
 from interlock.strategies.fsdp import FSDPStrategy
 from interlock.strategies.model_parallel import ModelParallelStrategy

@@ -40,9 +40,9 @@ from interlock.conformance.table import (
     WorldSizes,
     skip_reason,
 )
-from interlock.connector import registry
-from interlock.connector.parallelism import DIMS
-from interlock.connector.tables import ACCELERATORS, PRECISION_NAMES
+from interlock.engine import registry
+from interlock.engine.parallelism import DIMS
+from interlock.engine.tables import ACCELERATORS, PRECISION_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the modules that hold check functions (``check_*``)
@@ -193,7 +193,7 @@ def test_each_mesh_check_runs_a_layout_of_its_dimension_on_four_ranks() -> None:
 
 
 def test_a_mesh_seen_wrongly_is_described_rank_by_rank() -> None:
-    from interlock.connector.parallelism import MeshLayout, Parallelism
+    from interlock.engine.parallelism import MeshLayout, Parallelism
 
     layout = MeshLayout.of(Parallelism(dp_shard=2, tp=2))
     right = [{"rank": r, "coords": layout.coordinates(r),

@@ -10,7 +10,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from workloads import batch, full, model, share
 
-from interlock.connector.parallelism import DIMS, FLATTENED
+from interlock.engine.parallelism import DIMS, FLATTENED
 from interlock.strategies.base import Strategy
 from interlock.strategies.parallel import ParallelStrategy
 

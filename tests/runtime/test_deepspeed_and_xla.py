@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import interlock
-from interlock.connector.builtin import BUILTIN_STRATEGIES
+from interlock.engine.builtin import BUILTIN_STRATEGIES
 from interlock.strategies.deepspeed import DeepSpeedStrategy
 from interlock.strategies.deepspeed_config import deepspeed_config, merge
 from interlock.strategies.io.xla_io import XLACheckpointIO

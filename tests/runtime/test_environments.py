@@ -15,7 +15,7 @@ import pytest
 
 import interlock
 from interlock import Machine, ResolutionError
-from interlock.connector.tables import CLUSTER_NAMES, ENVIRONMENT_VARIABLES
+from interlock.engine.tables import CLUSTER_NAMES, ENVIRONMENT_VARIABLES
 from interlock.strategies.environments import (
     ClusterEnvironment,
     KubeflowEnvironment,

@@ -13,7 +13,7 @@ import workloads
 from harness import close, launch_forked
 
 import interlock
-from interlock.connector.parallelism import DIMS, FLATTENED, MeshLayout
+from interlock.engine.parallelism import DIMS, FLATTENED, MeshLayout
 from interlock.strategies.model_parallel import ModelParallelStrategy
 from interlock.strategies.parallel import ParallelStrategy
 

@@ -11,7 +11,7 @@ import pytest
 
 import interlock
 from interlock import Machine, Plan, StrategySpec
-from interlock.connector.builtin import BUILTIN_STRATEGIES
+from interlock.engine.builtin import BUILTIN_STRATEGIES
 from interlock.strategies.base import Strategy
 from interlock.strategies.build import build_strategy
 from interlock.strategies.ddp import DDPStrategy

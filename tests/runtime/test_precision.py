@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import interlock
-from interlock.connector.tables import NUMERIC_PRECISIONS, PRECISION_NAMES, PRECISION_ROWS
+from interlock.engine.tables import NUMERIC_PRECISIONS, PRECISION_NAMES, PRECISION_ROWS
 from interlock.strategies.precision import (
     DoublePrecision,
     HalfPrecision,

@@ -10,9 +10,9 @@ import pytest
 
 import interlock
 from interlock import Machine, ResolutionError, StrategySpec
-from interlock.connector import registry
-from interlock.connector.builtin import BUILTIN_STRATEGIES
-from interlock.connector.tables import ACCELERATOR_NAMES
+from interlock.engine import registry
+from interlock.engine.builtin import BUILTIN_STRATEGIES
+from interlock.engine.tables import ACCELERATOR_NAMES
 from interlock.strategies.accelerators import CPUAccelerator, accelerator_for
 from interlock.strategies.build import build_strategy
 from interlock.strategies.ddp import DDP_NAMES, DDPStrategy

@@ -15,8 +15,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 import interlock
 from interlock import Machine, ResolutionError, StrategySpec
-from interlock.connector import registry
-from interlock.connector.builtin import BUILTIN_STRATEGIES
+from interlock.engine import registry
+from interlock.engine.builtin import BUILTIN_STRATEGIES
 from interlock.strategies.ddp import DDPStrategy, ddp_parameters
 from interlock.strategies.module_wrapper import StrategyModule
 

@@ -17,14 +17,14 @@ from interlock.conformance.options import SuiteOptions
 from interlock.conformance.report import Declaration
 from interlock.conformance.runners import RUNNERS, available_runners, runner_devices
 from interlock.conformance.table import CHECKS, CHECKS_BY_ID, InPytest
-from interlock.connector.registration import EntryPointStatus
-from interlock.connector.registry import (
+from interlock.engine.registration import EntryPointStatus
+from interlock.engine.registry import (
     broken_entry_points,
     current_parts,
     install_hint,
     registered,
 )
-from interlock.connector.specs import StrategySpec
+from interlock.engine.specs import StrategySpec
 
 #: what ends the name of the launch that runs the ``own_launch`` checks
 RESTARTS_SUFFIX = "-restarts"

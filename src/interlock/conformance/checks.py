@@ -26,8 +26,8 @@ from interlock.conformance import reference
 from interlock.strategies.sharding import in_shared_memory
 
 if TYPE_CHECKING:
-    from interlock.connector.planner import Plan
-    from interlock.connector.specs import StrategySpec
+    from interlock.engine.planner import Plan
+    from interlock.engine.specs import StrategySpec
     from interlock.strategies.base import Strategy
 
 #: the precision recorded for checks that do not depend on the precision

@@ -8,12 +8,12 @@ from typing import Any
 from interlock.conformance.checks import CheckFailed
 from interlock.conformance.reference import NoReference, recipe
 from interlock.conformance.runners import RUNNERS
-from interlock.connector.errors import ResolutionError
-from interlock.connector.machine import Machine
-from interlock.connector.planner import plan
-from interlock.connector.registry import broken_entry_points, current_parts, registered
-from interlock.connector.spec_problems import spec_problems
-from interlock.connector.specs import StrategySpec
+from interlock.engine.errors import ResolutionError
+from interlock.engine.machine import Machine
+from interlock.engine.planner import plan
+from interlock.engine.registry import broken_entry_points, current_parts, registered
+from interlock.engine.spec_problems import spec_problems
+from interlock.engine.specs import StrategySpec
 from interlock.strategies.build import check_options, load_factory
 
 

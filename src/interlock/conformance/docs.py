@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from interlock.conformance.table import CHECKS, Check, InDriver, InPytest, WorldSizes
-from interlock.connector.tables import PRECISIONS
+from interlock.engine.tables import PRECISIONS
 from interlock.output_files import write_text
 
 CONFORMANCE_PATH = Path("docs") / "conformance.md"

@@ -40,7 +40,7 @@ from interlock.conformance.checks import (
 )
 from interlock.conformance.launch_checks import LaunchContext
 from interlock.conformance.table import CHECKS, Check, InDriver, InRanks, skip_reason
-from interlock.connector.specs import StrategySpec
+from interlock.engine.specs import StrategySpec
 from interlock.strategies.launchers import history as launch_history
 
 #: the process-group timeout of the main launch: a check that deadlocks the ranks
@@ -129,7 +129,7 @@ def run_rank_checks(strategy: Any, args: argparse.Namespace, precisions: list[st
     precision in table order, for every precision, then the checks that end the
     strategy; results appended to this rank's file. Returns this rank's global rank
     (what the launch_result check expects launch to hand back from rank 0)."""
-    from interlock.connector.registry import registered
+    from interlock.engine.registry import registered
 
     spec = registered(StrategySpec)[args.strategy]
     rank = strategy.global_rank
@@ -327,7 +327,7 @@ def run_driver_checks(ctx: LaunchContext,
 
 
 def drive(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from interlock.connector.registry import registered
+    from interlock.engine.registry import registered
 
     precisions = args.precisions.split(",")
     workdir = Path(args.workdir)

@@ -31,12 +31,12 @@ from interlock.conformance.checks import (
     CheckSkipped,
     full,
 )
-from interlock.connector.registry import registered
-from interlock.connector.tables import LauncherRow
+from interlock.engine.registry import registered
+from interlock.engine.tables import LauncherRow
 from interlock.strategies.sharding import in_shared_memory
 
 if TYPE_CHECKING:
-    from interlock.connector.specs import StrategySpec
+    from interlock.engine.specs import StrategySpec
 
 #: how long failure propagation may take before the check fails
 FAILURE_BOUND_S = 60.0

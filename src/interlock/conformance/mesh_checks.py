@@ -22,8 +22,8 @@ from torch import nn
 
 from interlock.conformance import memory_checks, recipes, reference
 from interlock.conformance.checks import CheckFailed, CheckSkipped, full
-from interlock.connector.errors import ResolutionError
-from interlock.connector.parallelism import DIMS, FLATTENED, MeshLayout, Parallelism
+from interlock.engine.errors import ResolutionError
+from interlock.engine.parallelism import DIMS, FLATTENED, MeshLayout, Parallelism
 
 #: the ranks every mesh check starts
 MESH_WORLD_SIZE = 4

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from interlock.conformance.runners import RUNNERS
-from interlock.connector.specs import StrategySpec
+from interlock.engine.specs import StrategySpec
 
 #: runner names the options accept (``auto``: every runner this machine has)
 RUNNER_CHOICES: tuple[str, ...] = ("auto", *RUNNERS)
@@ -146,7 +146,7 @@ def _checks(text: str | None) -> tuple[str, ...] | None:
 def _precisions(text: str | None) -> tuple[str, ...] | None:
     if text is None:
         return None
-    from interlock.connector.registry import current_parts
+    from interlock.engine.registry import current_parts
 
     return _known_names("--precisions", "precision", text, current_parts().precision_names)
 
@@ -176,7 +176,7 @@ def _import(module: str) -> None:
 
 
 def _strategies(names: Sequence[str]) -> tuple[str, ...]:
-    from interlock.connector.registry import broken_entry_points, registered
+    from interlock.engine.registry import broken_entry_points, registered
 
     if not names:
         raise OptionError("--strategy: name at least one registered strategy, or 'all'")

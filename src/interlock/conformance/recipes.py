@@ -227,7 +227,7 @@ def one_process(precision: str, steps: list[list[list[int]]], *, accumulate: int
     ``precision`` the way one device runs it: plain torch for the built-in precisions;
     for a registered one, whose plugin may change the arithmetic (a compensated
     optimizer update, say), the plugin itself on one device (`one_device`)."""
-    from interlock.connector.tables import PRECISION_ROWS
+    from interlock.engine.tables import PRECISION_ROWS
 
     if precision not in PRECISION_ROWS:
         return one_device(precision, steps, accumulate=accumulate, clip=clip, tied=tied)
@@ -309,7 +309,7 @@ def features(spec: Any) -> tuple[int, bool]:
 
 def check_recipe_parity(ctx: RankContext) -> None:
     """The recipe (no dropout) on this launch's ranks against one plain process."""
-    from interlock.connector.registry import current_parts
+    from interlock.engine.registry import current_parts
 
     if current_parts().precisions[ctx.precision].param_dtype == "float16":
         raise CheckSkipped(

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from interlock.connector.registry import current_parts
-from interlock.connector.tables import PrecisionRow
+from interlock.engine.registry import current_parts
+from interlock.engine.tables import PrecisionRow
 
 FEATURES = 6
 HIDDEN = 8

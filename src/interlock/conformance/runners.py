@@ -11,7 +11,7 @@ import importlib.util
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from interlock.connector.tables import ACCELERATORS
+from interlock.engine.tables import ACCELERATORS
 
 #: runner name -> the accelerator it runs strategies on, in the accelerator table's order
 RUNNERS: Mapping[str, str] = MappingProxyType(
@@ -29,7 +29,7 @@ def runner_devices(runner: str) -> tuple[int, str | None]:
         return count, None if count else "this machine has no CUDA devices"
     if importlib.util.find_spec("torch_xla") is None:
         return 0, "torch_xla is not installed, so there is no TPU runner here"
-    from interlock.connector.machine import Machine
+    from interlock.engine.machine import Machine
 
     count = Machine.probe().xla_devices
     return count, None if count else "this machine has no XLA devices"

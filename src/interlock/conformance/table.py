@@ -18,8 +18,8 @@ from interlock.conformance import checks, launch_checks, memory_checks, mesh_che
 from interlock.conformance.checks import RankContext
 from interlock.conformance.declaration import check_declaration
 from interlock.conformance.launch_checks import LaunchContext
-from interlock.connector.parallelism import DIM_DOCS, DIMS, FLATTENED
-from interlock.connector.registry import current_parts
+from interlock.engine.parallelism import DIM_DOCS, DIMS, FLATTENED
+from interlock.engine.registry import current_parts
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

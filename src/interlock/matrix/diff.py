@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from interlock.connector.errors import ResolutionError
-from interlock.connector.planner import DevicesFlag, Plan, PrecisionFlag, plan
-from interlock.connector.registry import registered, registry_version
-from interlock.connector.specs import StrategySpec
-from interlock.connector.stages import STAGES
+from interlock.engine.errors import ResolutionError
+from interlock.engine.planner import DevicesFlag, Plan, PrecisionFlag, plan
+from interlock.engine.registry import registered, registry_version
+from interlock.engine.specs import StrategySpec
+from interlock.engine.stages import STAGES
 from interlock.matrix import lock
 from interlock.matrix import parallelism as par
 from interlock.matrix.evaluate import show

@@ -10,13 +10,13 @@ import argparse
 import sys
 from collections.abc import Mapping, Sequence
 
-from interlock.connector.errors import ResolutionError
-from interlock.connector.machine import Machine
-from interlock.connector.memory import format_bytes
-from interlock.connector.planner import DevicesFlag, Plan, plan
-from interlock.connector.registration import EntryPointStatus
-from interlock.connector.registry import KINDS, current_parts, entry_points, registered
-from interlock.connector.specs import StrategySpec
+from interlock.engine.errors import ResolutionError
+from interlock.engine.machine import Machine
+from interlock.engine.memory import format_bytes
+from interlock.engine.planner import DevicesFlag, Plan, plan
+from interlock.engine.registration import EntryPointStatus
+from interlock.engine.registry import KINDS, current_parts, entry_points, registered
+from interlock.engine.specs import StrategySpec
 from interlock.matrix.profiles import PROFILES, profile_named
 
 OK = "yes"

@@ -1,7 +1,7 @@
 """Resolve every cell of the matrix, fast, with the engine's own stage runner.
 
 Calling `plan()` per cell would take minutes. The matrix reads each flag once
-(`read_flag`), then runs the same steps `plan()` runs (`interlock.connector.stages.STEPS`)
+(`read_flag`), then runs the same steps `plan()` runs (`interlock.engine.stages.STEPS`)
 through `run_memoised`: each stage runs once per distinct value of the facts it
 declares it reads, across the whole profile, and a cell's outcome is the first refusal
 in the engine's order, or the plan's summary. The sizing and memory stages have nothing
@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from interlock.connector.errors import ResolutionError
-from interlock.connector.planner import Plan
-from interlock.connector.registry import current_parts, registered
-from interlock.connector.runner import Memo, fact, run_memoised
-from interlock.connector.specs import StrategySpec
-from interlock.connector.stages import STEPS
-from interlock.connector.stages.flags import Flags, OneFlag, read_flag, seeds
+from interlock.engine.errors import ResolutionError
+from interlock.engine.planner import Plan
+from interlock.engine.registry import current_parts, registered
+from interlock.engine.runner import Memo, fact, run_memoised
+from interlock.engine.specs import StrategySpec
+from interlock.engine.stages import STEPS
+from interlock.engine.stages.flags import Flags, OneFlag, read_flag, seeds
 from interlock.matrix.profiles import Profile
 from interlock.matrix.space import FLAG_SPACE, FlagSpace
 

@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from interlock.connector.errors import ResolutionError
-from interlock.connector.machine import Machine
-from interlock.connector.memory import GiB, format_bytes
-from interlock.connector.model import ModelShape
-from interlock.connector.planner import plan
+from interlock.engine.errors import ResolutionError
+from interlock.engine.machine import Machine
+from interlock.engine.memory import GiB, format_bytes
+from interlock.engine.model import ModelShape
+from interlock.engine.planner import plan
 
 FITS_PATH = Path("docs") / "memory-fits.md"
 #: the precision and optimizer every cell is planned with: the usual training setup
@@ -165,7 +165,7 @@ def render_markdown() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Write docs/memory-fits.md under ROOT (default: the current directory)."""
-    from interlock.connector.docs import checkout_root
+    from interlock.engine.docs import checkout_root
     from interlock.output_files import write_text
 
     root = checkout_root(None if argv is None else list(argv),

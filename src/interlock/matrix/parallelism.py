@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from interlock.connector.builtin import BUILTIN_STRATEGIES
-from interlock.connector.errors import ResolutionError
-from interlock.connector.parallelism import Degree, MeshLayout
-from interlock.connector.planner import plan
-from interlock.connector.specs import StrategySpec
+from interlock.engine.builtin import BUILTIN_STRATEGIES
+from interlock.engine.errors import ResolutionError
+from interlock.engine.parallelism import Degree, MeshLayout
+from interlock.engine.planner import plan
+from interlock.engine.specs import StrategySpec
 from interlock.matrix.profiles import Profile, profile_named
 
 #: the precision every cell is asked at

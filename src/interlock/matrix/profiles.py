@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from interlock.connector.machine import START_METHODS, Machine
+from interlock.engine.machine import START_METHODS, Machine
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

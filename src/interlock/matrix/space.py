@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from interlock.connector.builtin import BUILTIN_STRATEGIES
-from interlock.connector.registry import registered
-from interlock.connector.specs import StrategySpec
-from interlock.connector.tables import ACCELERATOR_INPUTS, LEGACY_PRECISIONS, PRECISIONS
+from interlock.engine.builtin import BUILTIN_STRATEGIES
+from interlock.engine.registry import registered
+from interlock.engine.specs import StrategySpec
+from interlock.engine.tables import ACCELERATOR_INPUTS, LEGACY_PRECISIONS, PRECISIONS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -22,8 +22,8 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from interlock.connector.registry import registered
-from interlock.connector.tables import LauncherRow
+from interlock.engine.registry import registered
+from interlock.engine.tables import LauncherRow
 from interlock.strategies import checkpointing, random_state
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.collectives import Collective, ReduceOp
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
     from torch.utils.data import DataLoader
 
-    from interlock.connector.planner import Plan
+    from interlock.engine.planner import Plan
     from interlock.strategies.dataloading import StrategyDataLoader
 
 T = TypeVar("T")
@@ -191,7 +191,7 @@ class Strategy(ABC):
                 "planning it: `name` and `given_parts()` are read to make the plan, so they "
                 "must not read the accelerator, precision, checkpoint IO, cluster "
                 "environment, launcher or layout the plan is to give")
-        from interlock.connector.planner import plan
+        from interlock.engine.planner import plan
 
         self._planning = True
         try:

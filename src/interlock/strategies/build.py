@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from interlock.connector.errors import ResolutionError, did_you_mean
-from interlock.connector.registry import load_reference
-from interlock.connector.specs import StrategySpec
+from interlock.engine.errors import ResolutionError, did_you_mean
+from interlock.engine.registry import load_reference
+from interlock.engine.specs import StrategySpec
 from interlock.strategies.base import Strategy
 
 if TYPE_CHECKING:
-    from interlock.connector.planner import Plan
+    from interlock.engine.planner import Plan
 
 
 def build_strategy(plan: Plan) -> Strategy:

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from interlock.connector.errors import ResolutionError, did_you_mean
+from interlock.engine.errors import ResolutionError, did_you_mean
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.environments import ClusterEnvironment
 from interlock.strategies.io import CheckpointIO
@@ -21,7 +21,7 @@ from interlock.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 from interlock.strategies.precision import Precision
 
 if TYPE_CHECKING:
-    from interlock.connector.planner import Plan
+    from interlock.engine.planner import Plan
 
 #: start method -> the registry name of that launch style: the name an instance built
 #: by hand stands for (one built from a plan takes the plan's). The built-in DDP rows

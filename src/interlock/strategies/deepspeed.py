@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from interlock.connector.tables import INSTALL_HINTS
+from interlock.engine.tables import INSTALL_HINTS
 from interlock.strategies import random_state
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.deepspeed_config import deepspeed_config

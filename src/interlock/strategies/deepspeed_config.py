@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from interlock.connector.builtin import ZERO_BUCKET_ELEMENTS
+from interlock.engine.builtin import ZERO_BUCKET_ELEMENTS
 
 #: ZeRO stages DeepSpeed offers: 0 (plain data parallel), 1 (optimizer state
 #: sharded), 2 (+ gradients), 3 (+ parameters)

@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, cast
 
-from interlock.connector.errors import did_you_mean
-from interlock.connector.limits import short_repr
-from interlock.connector.registry import kind_of, registered
-from interlock.connector.registry import load_reference as load_part
+from interlock.engine.errors import did_you_mean
+from interlock.engine.limits import short_repr
+from interlock.engine.registry import kind_of, registered
+from interlock.engine.registry import load_reference as load_part
 
 
 class PartRow(Protocol):

@@ -1,8 +1,8 @@
 """`Meshes`: the plan's device mesh, built once per process group.
 
-The root mesh has every dimension of `interlock.connector.parallelism.DIMS` (size-1 ones
+The root mesh has every dimension of `interlock.engine.parallelism.DIMS` (size-1 ones
 included, so that code can always name any of them), outermost first. The flattened
-groups of `interlock.connector.parallelism.FLATTENED` are built with it and kept here:
+groups of `interlock.engine.parallelism.FLATTENED` are built with it and kept here:
 torch deprecates reaching a flattened group through the root mesh, so
 `Meshes.__getitem__` is the one way to name any group.
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from interlock.connector.parallelism import DIMS, FLATTENED, MeshLayout
+from interlock.engine.parallelism import DIMS, FLATTENED, MeshLayout
 
 #: names of the mesh before it had five dimensions, and what they are now
 OLDER_NAMES: dict[str, tuple[str, ...]] = {

@@ -14,7 +14,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 
-from interlock.connector.parallelism import FLATTENED, Degree, Parallelism, fill
+from interlock.engine.parallelism import FLATTENED, Degree, Parallelism, fill
 from interlock.strategies import checkpointing
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.environments import ClusterEnvironment
@@ -53,7 +53,7 @@ ParallelizeFn = Callable[[nn.Module, DeviceMesh], nn.Module]
 
 class ModelParallelStrategy(ParallelStrategy):
     """A user function parallelises the model over the plan's device mesh, whose
-    dimensions are `interlock.connector.parallelism.DIMS` (see ``docs/parallelism.md``).
+    dimensions are `interlock.engine.parallelism.DIMS` (see ``docs/parallelism.md``).
 
     Ranks of one tensor-, context- or pipeline-parallel group see the same batch:
     shard data by :attr:`data_parallel_rank` over :attr:`data_parallel_size`, not by

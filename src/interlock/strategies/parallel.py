@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 
-from interlock.connector.parallelism import MeshLayout, Parallelism
-from interlock.connector.registry import registered
-from interlock.connector.tables import AcceleratorRow
+from interlock.engine.parallelism import MeshLayout, Parallelism
+from interlock.engine.registry import registered
+from interlock.engine.tables import AcceleratorRow
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.base import Strategy
 from interlock.strategies.collectives import Collective, TorchCollective
@@ -210,7 +210,7 @@ class ParallelStrategy(Strategy):
     @property
     def device_mesh(self) -> DeviceMesh:
         """The device mesh, one dimension per name of
-        `interlock.connector.parallelism.DIMS`; flattened groups through :attr:`meshes`."""
+        `interlock.engine.parallelism.DIMS`; flattened groups through :attr:`meshes`."""
         return self.meshes.root
 
     @property

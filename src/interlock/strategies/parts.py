@@ -7,15 +7,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from interlock.connector.errors import ResolutionError
-from interlock.connector.stages.flags import plugin_kind
+from interlock.engine.errors import ResolutionError
+from interlock.engine.stages.flags import plugin_kind
 from interlock.strategies.accelerators import Accelerator, accelerator_for
 from interlock.strategies.environments import ClusterEnvironment, environment_for
 from interlock.strategies.io import CheckpointIO, checkpoint_io_for
 from interlock.strategies.precision import Precision, precision_for
 
 if TYPE_CHECKING:
-    from interlock.connector.planner import Plan
+    from interlock.engine.planner import Plan
 
 #: The parts a strategy holds as objects, by the constructor keyword (and flag name)
 #: that can give each one; the strategy keeps the ones it was given and takes the rest

@@ -42,7 +42,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from interlock.connector.tables import (
+from interlock.engine.tables import (
     RESTART_BACKOFF_FACTOR,
     RESTART_BACKOFF_S,
     RESTART_MAX_BACKOFF_S,

@@ -9,12 +9,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 
-from interlock.connector.builtin import BUILTIN_STRATEGIES
-from interlock.connector.errors import ResolutionError
-from interlock.connector.planner import DevicesFlag, Plan, plan
-from interlock.connector.registry import registered
-from interlock.connector.specs import StrategySpec
-from interlock.connector.tables import ACCELERATORS, PRECISIONS, AcceleratorRow
+from interlock.engine.builtin import BUILTIN_STRATEGIES
+from interlock.engine.errors import ResolutionError
+from interlock.engine.planner import DevicesFlag, Plan, plan
+from interlock.engine.registry import registered
+from interlock.engine.specs import StrategySpec
+from interlock.engine.tables import ACCELERATORS, PRECISIONS, AcceleratorRow
 from interlock.matrix import parallelism as par
 from interlock.matrix.profiles import PROFILES, Profile, profile_named
 from interlock.matrix.reports import Evidence, Verification

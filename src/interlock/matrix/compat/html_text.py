@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from interlock.connector.specs import StrategySpec
+from interlock.engine.specs import StrategySpec
 from interlock.matrix.compat.data import HEADER_ABBREVIATIONS, Grid, Outcome
 from interlock.matrix.compat.layout import Note, layout
 from interlock.matrix.compat.words import evidence_text

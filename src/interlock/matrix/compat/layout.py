@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from interlock.connector.specs import StrategySpec
+from interlock.engine.specs import StrategySpec
 from interlock.matrix.compat.data import STRATEGY_PLACEHOLDER, Grid, Outcome
 from interlock.matrix.reports import Evidence
 

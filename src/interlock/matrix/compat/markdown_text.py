@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from interlock.connector.specs import StrategySpec
+from interlock.engine.specs import StrategySpec
 from interlock.matrix.compat.data import HEADER_ABBREVIATIONS, PROSE_WIDTH, Grid, Outcome
 from interlock.matrix.compat.layout import Note, layout
 from interlock.matrix.compat.words import evidence_text

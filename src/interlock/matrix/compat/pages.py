@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import interlock
-from interlock.connector.specs import StrategySpec
+from interlock.engine.specs import StrategySpec
 from interlock.matrix.compat.data import DOCS_DIR, ENVIRONMENTS, HTML_PATH, MARKDOWN_PATH, compute
 from interlock.matrix.compat.fits_section import html_fits, md_fits
 from interlock.matrix.compat.html_text import CSS, breakable_code, escape, html_grid, inline_html
@@ -163,7 +163,7 @@ def render_html(specs: Iterable[StrategySpec] | None = None,
 def main(argv: Sequence[str] | None = None) -> int:
     """Write docs/compatibility.md and .html under ROOT (default: the current
     directory), reading every conformance report in ROOT/docs."""
-    from interlock.connector.docs import checkout_root
+    from interlock.engine.docs import checkout_root
     from interlock.output_files import write_text
 
     root = checkout_root(None if argv is None else list(argv),

@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from interlock.connector.specs import StrategySpec
+from interlock.engine.specs import StrategySpec
 from interlock.matrix import parallelism as par
 from interlock.matrix.compat.data import STRATEGY_PLACEHOLDER, Compatibility, Outcome
 from interlock.matrix.compat.html_text import (

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from interlock.connector.registry import registered
-from interlock.connector.specs import StrategySpec
-from interlock.connector.tables import AcceleratorRow
+from interlock.engine.registry import registered
+from interlock.engine.specs import StrategySpec
+from interlock.engine.tables import AcceleratorRow
 from interlock.matrix.compat.data import (
     ENVIRONMENT_GEOMETRY,
     ENVIRONMENT_PRECISION,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from interlock.connector.tables import AcceleratorRow
+from interlock.engine.tables import AcceleratorRow
 from interlock.strategies.accelerators.base import Accelerator
 from interlock.strategies.accelerators.cpu import CPUAccelerator
 from interlock.strategies.accelerators.cuda import CUDAAccelerator

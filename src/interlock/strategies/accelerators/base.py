@@ -7,12 +7,12 @@ from typing import ClassVar
 
 import torch
 
-from interlock.connector.deprecation import warn_deprecated
-from interlock.connector.errors import ResolutionError
-from interlock.connector.machine import Machine
-from interlock.connector.parts import place_devices
-from interlock.connector.registry import current_parts
-from interlock.connector.stages.accelerator import available_on
+from interlock.engine.deprecation import warn_deprecated
+from interlock.engine.errors import ResolutionError
+from interlock.engine.machine import Machine
+from interlock.engine.parts import place_devices
+from interlock.engine.registry import current_parts
+from interlock.engine.stages.accelerator import available_on
 
 
 class Accelerator(ABC):

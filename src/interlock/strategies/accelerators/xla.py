@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from interlock.connector.tables import INSTALL_HINTS
+from interlock.engine.tables import INSTALL_HINTS
 from interlock.strategies.accelerators.base import Accelerator
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from interlock.connector.tables import ClusterRow
+from interlock.engine.tables import ClusterRow
 from interlock.strategies.environments.base import ClusterEnvironment
 from interlock.strategies.environments.external import ExternalLauncherEnvironment
 from interlock.strategies.environments.hostlist import expand_hostlist, first_host

@@ -5,7 +5,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Mapping
 
-from interlock.connector.errors import ResolutionError
+from interlock.engine.errors import ResolutionError
 
 #: Ports derived from a job id fall in [PORT_BASE, PORT_BASE + PORT_SPAN): below Linux's
 #: ephemeral range (32768-60999), so an outgoing connection is unlikely to hold one.

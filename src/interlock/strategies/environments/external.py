@@ -4,8 +4,8 @@ standard variables."""
 
 from __future__ import annotations
 
-from interlock.connector.errors import ResolutionError
-from interlock.connector.tables import CLUSTER_ROWS, EXTERNAL_NODE_RANK_VARIABLES
+from interlock.engine.errors import ResolutionError
+from interlock.engine.tables import CLUSTER_ROWS, EXTERNAL_NODE_RANK_VARIABLES
 from interlock.strategies.environments._variables import read_int
 from interlock.strategies.environments.torchelastic import TorchVariablesEnvironment
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from interlock.connector.tables import RENDEZVOUS_VARIABLE
+from interlock.engine.tables import RENDEZVOUS_VARIABLE
 from interlock.strategies.environments._variables import read_int, read_port
 from interlock.strategies.environments.base import ClusterEnvironment
 

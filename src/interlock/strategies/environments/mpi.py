@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from interlock.connector.errors import ResolutionError
-from interlock.connector.tables import OPEN_MPI_VARIABLES, PMI_VARIABLES
+from interlock.engine.errors import ResolutionError
+from interlock.engine.tables import OPEN_MPI_VARIABLES, PMI_VARIABLES
 from interlock.strategies.environments._external import ExternalEnvironment
 from interlock.strategies.environments._variables import (
     port_from_job,

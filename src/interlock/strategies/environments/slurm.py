@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from interlock.connector.errors import ResolutionError
+from interlock.engine.errors import ResolutionError
 from interlock.strategies.environments._external import ExternalEnvironment
 from interlock.strategies.environments._variables import (
     port_from_job,

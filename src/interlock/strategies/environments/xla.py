@@ -8,8 +8,8 @@ import sys
 from collections.abc import Mapping
 from types import ModuleType
 
-from interlock.connector.errors import ResolutionError
-from interlock.connector.tables import INSTALL_HINTS
+from interlock.engine.errors import ResolutionError
+from interlock.engine.tables import INSTALL_HINTS
 from interlock.strategies.environments._variables import refuse_change
 from interlock.strategies.environments.base import ClusterEnvironment
 

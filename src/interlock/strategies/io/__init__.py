@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from interlock.connector.tables import CheckpointIORow
+from interlock.engine.tables import CheckpointIORow
 from interlock.strategies.factories import load_part, row_named
 from interlock.strategies.io.base import CheckpointIO
 from interlock.strategies.io.errors import CheckpointLoadError

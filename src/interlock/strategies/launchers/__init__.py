@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from interlock.connector.tables import LauncherRow
+from interlock.engine.tables import LauncherRow
 from interlock.strategies.factories import part_class, row_named
 from interlock.strategies.launchers import history
 from interlock.strategies.launchers.base import (

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from interlock.connector.registry import registered
-from interlock.connector.tables import LauncherRow
+from interlock.engine.registry import registered
+from interlock.engine.tables import LauncherRow
 from interlock.strategies.preemption import Preempted
 
 if TYPE_CHECKING:
-    from interlock.connector.tables import LauncherRow
+    from interlock.engine.tables import LauncherRow
     from interlock.strategies.environments import ClusterEnvironment
 
 #: Environment variable through which interlock's launchers hand workers the

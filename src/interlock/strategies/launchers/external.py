@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from interlock.strategies.launchers.base import Launcher, WorkerEntry, run_recording_errors
 
 if TYPE_CHECKING:
-    from interlock.connector.tables import LauncherRow
+    from interlock.engine.tables import LauncherRow
     from interlock.strategies.environments import ClusterEnvironment
 
 

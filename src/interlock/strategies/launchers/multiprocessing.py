@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.multiprocessing as mp
 
-from interlock.connector.tables import LAUNCHERS
+from interlock.engine.tables import LAUNCHERS
 from interlock.strategies.launchers.base import (
     ERROR_FILE_ENV,
     RECORDED_EXIT_GRACE_S,
@@ -46,7 +46,7 @@ START_METHODS = tuple(
 )
 
 if TYPE_CHECKING:
-    from interlock.connector.tables import LauncherRow
+    from interlock.engine.tables import LauncherRow
     from interlock.strategies.environments import ClusterEnvironment
 
 

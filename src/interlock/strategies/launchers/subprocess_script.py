@@ -49,7 +49,7 @@ from interlock.strategies.launchers.rendezvous import (
 from interlock.strategies.preemption import DEFAULT_GRACE, PREEMPTED_EXIT_CODE, Preempted
 
 if TYPE_CHECKING:
-    from interlock.connector.tables import LauncherRow
+    from interlock.engine.tables import LauncherRow
     from interlock.strategies.environments import ClusterEnvironment
 
 

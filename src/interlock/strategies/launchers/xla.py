@@ -17,7 +17,7 @@ from interlock.strategies.launchers.base import Launcher, LaunchError, WorkerEnt
 _RESULT = "rank0.result"
 
 if TYPE_CHECKING:
-    from interlock.connector.tables import LauncherRow
+    from interlock.engine.tables import LauncherRow
     from interlock.strategies.environments import ClusterEnvironment
 
 

@@ -6,8 +6,8 @@ imports ``transformer_engine`` until a Transformer Engine plugin is created.
 
 from __future__ import annotations
 
-from interlock.connector.registry import registered
-from interlock.connector.tables import STRATEGY_PRECISION_PLUGINS, AcceleratorRow, PrecisionRow
+from interlock.engine.registry import registered
+from interlock.engine.tables import STRATEGY_PRECISION_PLUGINS, AcceleratorRow, PrecisionRow
 from interlock.strategies.precision.base import Precision
 from interlock.strategies.precision.double import DoublePrecision
 from interlock.strategies.precision.from_row import plugin_from_row

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from interlock.connector.tables import PRECISION_ROWS, SHARDED_PRECISIONS
+from interlock.engine.tables import PRECISION_ROWS, SHARDED_PRECISIONS
 from interlock.strategies.precision.base import Precision
 from interlock.strategies.precision.utils import cast_floating, check_one_of, default_dtype
 

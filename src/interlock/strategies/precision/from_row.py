@@ -7,7 +7,7 @@ returns, so a registered precision reaches it unchanged.
 
 from __future__ import annotations
 
-from interlock.connector.tables import PrecisionRow
+from interlock.engine.tables import PrecisionRow
 from interlock.strategies.factories import part_class
 from interlock.strategies.precision.base import Precision
 

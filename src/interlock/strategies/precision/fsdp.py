@@ -19,8 +19,8 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.optim import Optimizer
 
-from interlock.connector.registry import registered
-from interlock.connector.tables import PRECISION_ROWS, SHARDED_PRECISIONS, PrecisionRow
+from interlock.engine.registry import registered
+from interlock.engine.tables import PRECISION_ROWS, SHARDED_PRECISIONS, PrecisionRow
 from interlock.strategies.precision.base import Precision
 from interlock.strategies.precision.from_row import plugin_from_row
 from interlock.strategies.precision.mixed import MixedPrecision

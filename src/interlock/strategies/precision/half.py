@@ -7,7 +7,7 @@ from types import MappingProxyType
 
 import torch
 
-from interlock.connector.tables import PRECISIONS
+from interlock.engine.tables import PRECISIONS
 from interlock.strategies.precision.base import Precision
 from interlock.strategies.precision.true import TruePrecision
 from interlock.strategies.precision.utils import check_one_of

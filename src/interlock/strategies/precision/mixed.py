@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from interlock.connector.tables import ACCELERATORS, PRECISIONS
+from interlock.engine.tables import ACCELERATORS, PRECISIONS
 from interlock.strategies.precision.base import Precision
 from interlock.strategies.precision.utils import cast_floating, check_one_of
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from interlock.connector.tables import INSTALL_HINTS
+from interlock.engine.tables import INSTALL_HINTS
 from interlock.strategies.precision.base import Precision
 from interlock.strategies.precision.true import TruePrecision
 from interlock.strategies.precision.utils import check_one_of, default_dtype

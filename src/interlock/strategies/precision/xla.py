@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
-from interlock.connector.tables import PRECISION_ROWS, XLA_PRECISIONS
+from interlock.engine.tables import PRECISION_ROWS, XLA_PRECISIONS
 from interlock.strategies.precision.half import HalfPrecision
 from interlock.strategies.precision.true import TruePrecision
 from interlock.strategies.precision.utils import check_one_of
