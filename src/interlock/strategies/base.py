@@ -24,7 +24,7 @@ from torch.optim import Optimizer
 
 from interlock.engine.registry import registered
 from interlock.engine.tables import LauncherRow
-from interlock.strategies import checkpointing, random_state
+from interlock.strategies import checkpointing
 from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.collectives import Collective, ReduceOp
 from interlock.strategies.environments import ClusterEnvironment
@@ -54,10 +54,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 S = TypeVar("S", bound="Strategy")
-
-#: Checkpoint key under which the precision's state (the grad scaler's) travels.
-PRECISION_KEY = checkpointing.PRECISION_KEY
-
 
 class Strategy(ABC):
     """Where and how a model trains: one device, or many processes.
@@ -865,7 +861,8 @@ def _teardown_fully(strategy: Strategy) -> None:
 def _restore_full(strategy: Strategy, path: str | Path, state: dict[str, Any],
                   checkpoint: dict[str, Any]) -> dict[str, Any]:
     """Restore a full checkpoint that was checked to fit ``state``: modules, then
-    optimizers, the precision's state and plain values; rolled back if it fails."""
+    optimizers, then what `checkpointing.restore_plain` restores; rolled back if it
+    fails."""
     with checkpointing.restoring(strategy, path, state):
         for name, target in state.items():
             if isinstance(target, nn.Module):
@@ -873,13 +870,6 @@ def _restore_full(strategy: Strategy, path: str | Path, state: dict[str, Any],
         for name, target in state.items():
             if isinstance(target, Optimizer):
                 target.load_state_dict(checkpoint[name])
-        precision_state = checkpoint.get(PRECISION_KEY)
-        if precision_state is not None:
-            strategy.precision.load_state_dict(precision_state)
-        for name, target in list(state.items()):
-            if not isinstance(target, (nn.Module, Optimizer)):
-                state[name] = checkpoint[name]
-        random_state.restore(strategy, checkpoint.get(random_state.RANDOM_KEY))
-    rest = {k: v for k, v in checkpoint.items()
-            if k not in state and k not in checkpointing.RUNTIME_KEYS}
-    return rest
+        return checkpointing.restore_plain(strategy, state, {
+            k: v for k, v in checkpoint.items()
+            if not isinstance(state.get(k), (nn.Module, Optimizer))})

@@ -47,6 +47,7 @@ from interlock.strategies.checkpointing.state import (
     RUNTIME_KEYS,
     SavingStrategy,
     missing_entries,
+    restore_plain,
     runtime_entries,
 )
 
@@ -76,6 +77,7 @@ __all__ = [
     "load_full",
     "missing_entries",
     "refuse_misfits",
+    "restore_plain",
     "restoring",
     "runtime_entries",
     "save",

@@ -160,6 +160,10 @@ def runtime_entries(strategy: SavingStrategy) -> dict[str, Any]:
 
 def restore_plain(strategy: SavingStrategy, state: dict[str, Any],
                    rest: dict[str, Any]) -> dict[str, Any]:
+    """Restore what a checkpoint holds besides modules and optimizers: the precision's
+    state, the plain values of ``state`` (set in it) and every rank's random state (last,
+    once nothing else can fail). ``rest`` is the checkpoint less its modules and
+    optimizers; returns what is left of it, the entries ``state`` did not name."""
     precision_state = rest.pop(PRECISION_KEY, None)
     if precision_state is not None:
         strategy.precision.load_state_dict(precision_state)
