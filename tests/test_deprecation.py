@@ -106,6 +106,9 @@ _OLD_PATH = textwrap.dedent("""
     assert new_draft.__spec__.name == "interlock.engine.stages.flags.draft"
     assert ResolutionError is OldError is interlock.ResolutionError
     assert plan is interlock.plan
+    import interlock.connector.parts as old_queries
+    import interlock.engine.runtime_queries as queries
+    assert old_queries is queries
     print([str(w.message) for w in caught])
     try:
         import interlock.connector.no_such_module

@@ -2,11 +2,11 @@
 
 ``import interlock.connector`` and ``import interlock.connector.<module>`` keep working
 for one release and warn once (`interlock.InterlockDeprecationWarning`). Each old module
-name gives the very module of the new path, so classes, registries and memos are shared:
-``interlock.connector.errors.ResolutionError is interlock.engine.errors.ResolutionError``.
-The registry's verbs before 0.2.0 (``register_precision`` and the rest) still answer
-here too, with their own warning, and ``python -m interlock.connector.<module>`` runs the
-new module.
+name gives the very module of the new path (``parts`` is ``runtime_queries`` now), so
+classes, registries and memos are shared: ``interlock.connector.errors.ResolutionError
+is interlock.engine.errors.ResolutionError``. The registry's verbs before 0.2.0
+(``register_precision`` and the rest) still answer here too, with their own warning, and
+``python -m interlock.connector.<module>`` runs the new module.
 """
 
 from __future__ import annotations
@@ -26,6 +26,14 @@ from interlock.engine.deprecation import warn_deprecated
 from interlock.engine.retired_verbs import retired
 
 _OLD, _NEW = __name__, "interlock.engine"
+#: modules that also changed their own name when the engine moved: old -> new
+_RENAMED = {"parts": "runtime_queries"}
+
+
+def _new_name(old: str) -> str:
+    """``interlock.engine.<module>`` for ``interlock.connector.<module>``."""
+    head, dot, tail = old[len(_OLD) + 1:].partition(".")
+    return f"{_NEW}.{_RENAMED.get(head, head)}{dot}{tail}"
 
 
 class _SameModule(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -35,7 +43,7 @@ class _SameModule(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         if not fullname.startswith(_OLD + "."):
             return None
-        new = _NEW + fullname[len(_OLD):]
+        new = _new_name(fullname)
         if importlib.util.find_spec(new) is None:
             return None  # no such module: the usual ModuleNotFoundError
         return importlib.machinery.ModuleSpec(fullname, self, loader_state=new)
@@ -52,10 +60,10 @@ class _SameModule(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def get_code(self, fullname: str) -> CodeType | None:
         """The new module's code: what ``python -m interlock.connector.<module>`` runs."""
-        spec = importlib.util.find_spec(_NEW + fullname[len(_OLD):])
+        spec = importlib.util.find_spec(_new_name(fullname))
         loader = spec.loader if spec is not None else None
         if isinstance(loader, importlib.abc.InspectLoader):
-            return loader.get_code(_NEW + fullname[len(_OLD):])
+            return loader.get_code(_new_name(fullname))
         return None
 
 

@@ -10,8 +10,8 @@ import torch
 from interlock.engine.deprecation import warn_deprecated
 from interlock.engine.errors import ResolutionError
 from interlock.engine.machine import Machine
-from interlock.engine.parts import place_devices
 from interlock.engine.registry import current_parts
+from interlock.engine.runtime_queries import place_devices
 from interlock.engine.stages.accelerator import available_on
 
 

@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import ClassVar
 
-from interlock.engine.parts import cluster_detected
+from interlock.engine.runtime_queries import cluster_detected
 
 
 class ClusterEnvironment(ABC):
@@ -84,7 +84,7 @@ class ClusterEnvironment(ABC):
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
         """Refuse (``ResolutionError``, ``cluster-mismatch``) a job geometry that does not
         match ``num_devices`` per node x ``num_nodes``, before any collective."""
-        from interlock.engine.parts import check_cluster_geometry
+        from interlock.engine.runtime_queries import check_cluster_geometry
 
         check_cluster_geometry(self.name, num_devices, num_nodes, self.environ)
 
