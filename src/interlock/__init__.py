@@ -4,33 +4,26 @@ from typing import TYPE_CHECKING
 
 from interlock.checkpoints import Checkpoint, CheckpointManager
 from interlock.deprecation import InterlockDeprecationWarning
-from interlock.engine import (
-    ERROR_CODES,
+from interlock.engine.errors import ERROR_CODES, ResolutionError
+from interlock.engine.machine import Machine
+from interlock.engine.memory import MemoryEstimate, MemoryTraits
+from interlock.engine.model import ModelShape
+from interlock.engine.optimizers import OptimizerRow
+from interlock.engine.parallelism import MeshLayout, Parallelism
+from interlock.engine.planner import Plan, plan
+from interlock.engine.registration import RegistrationError
+from interlock.engine.registry import register, registered, unregister
+from interlock.engine.retired_verbs import retired
+from interlock.engine.specs import StrategyPreset, StrategySpec
+from interlock.engine.tables import (
     AcceleratorRow,
     CheckpointIORow,
     ClusterRow,
     LauncherRow,
-    Machine,
-    MemoryEstimate,
-    MemoryTraits,
-    MeshLayout,
-    ModelShape,
-    OptimizerRow,
     PackageRow,
-    Parallelism,
-    Plan,
     PrecisionRow,
-    RegistrationError,
-    ResolutionError,
-    StrategyPreset,
-    StrategySpec,
-    TraceStep,
-    plan,
-    register,
-    registered,
-    unregister,
 )
-from interlock.engine.retired_verbs import retired
+from interlock.engine.trace import TraceStep
 from interlock.resolving import resolve
 from interlock.seeding import seed_everything
 from interlock.shapes import model_shape

@@ -20,10 +20,27 @@ from collections.abc import Sequence
 from types import CodeType, ModuleType
 from typing import TYPE_CHECKING
 
-from interlock.engine import *  # noqa: F403 -- every name the old path exported
-from interlock.engine import __all__ as __all__
 from interlock.engine.deprecation import warn_deprecated
+from interlock.engine.errors import ERROR_CODES, ResolutionError
+from interlock.engine.machine import Machine
+from interlock.engine.memory import MemoryEstimate, MemoryTraits
+from interlock.engine.model import ModelShape
+from interlock.engine.optimizers import OptimizerRow
+from interlock.engine.parallelism import MeshLayout, Parallelism
+from interlock.engine.planner import STAGES, Plan, plan
+from interlock.engine.registration import RegistrationError
+from interlock.engine.registry import register, registered, unregister
 from interlock.engine.retired_verbs import retired
+from interlock.engine.specs import StrategyPreset, StrategySpec
+from interlock.engine.tables import (
+    AcceleratorRow,
+    CheckpointIORow,
+    ClusterRow,
+    LauncherRow,
+    PackageRow,
+    PrecisionRow,
+)
+from interlock.engine.trace import TraceStep
 
 _OLD, _NEW = __name__, "interlock.engine"
 #: modules that also changed their own name when the engine moved: old -> new
@@ -74,3 +91,32 @@ warn_deprecated("interlock.connector", replacement="interlock.engine", since="0.
 
 if not TYPE_CHECKING:  # type checkers keep refusing names the package does not have
     __getattr__ = retired(__name__)
+
+#: the names the old path exported, as before
+__all__ = [
+    "ERROR_CODES",
+    "STAGES",
+    "AcceleratorRow",
+    "CheckpointIORow",
+    "ClusterRow",
+    "LauncherRow",
+    "Machine",
+    "MemoryEstimate",
+    "MemoryTraits",
+    "MeshLayout",
+    "ModelShape",
+    "OptimizerRow",
+    "PackageRow",
+    "Parallelism",
+    "Plan",
+    "PrecisionRow",
+    "RegistrationError",
+    "ResolutionError",
+    "StrategyPreset",
+    "StrategySpec",
+    "TraceStep",
+    "plan",
+    "register",
+    "registered",
+    "unregister",
+]
