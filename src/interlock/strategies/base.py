@@ -29,8 +29,7 @@ from interlock.strategies.accelerators import Accelerator
 from interlock.strategies.collectives import Collective, ReduceOp
 from interlock.strategies.environments import ClusterEnvironment
 from interlock.strategies.init_context import empty_init_context, parameters_on_meta
-from interlock.strategies.io import CheckpointIO, CheckpointLoadError
-from interlock.strategies.io.base import load_with
+from interlock.strategies.io import CheckpointIO
 from interlock.strategies.launchers import Launcher, launcher_for
 from interlock.strategies.launchers import history as launch_history
 from interlock.strategies.launchers.base import report_failure
@@ -694,11 +693,7 @@ class Strategy(ABC):
     def save_checkpoint(self, path: str | Path, state: Mapping[str, Any]) -> None:
         """Save modules, optimizers, the precision's state and plain values (rank 0
         writes one file, atomically; every rank waits for it)."""
-        checkpoint = {name: _state_of(value) for name, value in state.items()}
-        checkpoint.update(checkpointing.runtime_entries(self))
-        if self.is_global_zero:
-            self.checkpoint_io.save_checkpoint(checkpoint, path)
-        self.barrier()
+        checkpointing.save_unsharded(self, path, state)
 
     def load_checkpoint(self, path: str | Path, state: dict[str, Any],
                         *, weights_only: bool = True, verify: bool = True) -> dict[str, Any]:
@@ -714,17 +709,9 @@ class Strategy(ABC):
         :class:`CheckpointLoadError` before anything changes, and a restore that fails
         half-way is rolled back before the error is raised.
         """
-        if checkpointing.is_distributed_checkpoint(path):
-            return checkpointing.load_distributed(self, path, state, weights_only=weights_only,
-                                                  verify=verify)
-        checkpoint = load_with(self.checkpoint_io, path, map_location="cpu",
-                               weights_only=weights_only, verify=verify)
-        problem = checkpointing.missing_entries(path, checkpoint, state)
-        if problem is not None:
-            # refuse before restoring anything: no half-loaded state
-            raise CheckpointLoadError(str(path), problem)
-        checkpointing.refuse_misfits(path, state, checkpoint)
-        return _restore_full(self, path, state, checkpoint)
+        load = (checkpointing.load_distributed if checkpointing.is_distributed_checkpoint(path)
+                else checkpointing.load_unsharded)
+        return load(self, path, state, weights_only=weights_only, verify=verify)
 
 
 def _rebind(optimizer: Optimizer, names: dict[int, str],
@@ -779,14 +766,6 @@ def _owned_parameters(module: nn.Module, optimizer: Optimizer) -> list[nn.Parame
             "them up together with setup_module_and_optimizers)"
         )
     return params
-
-
-def _state_of(value: Any) -> Any:
-    if isinstance(value, nn.Module):
-        return unwrap(value).state_dict()
-    if isinstance(value, Optimizer):
-        return value.state_dict()
-    return value
 
 
 def _run_attempt(attempt: int, strategy: Strategy, fn: Callable[..., T],
@@ -856,20 +835,3 @@ def _teardown_fully(strategy: Strategy) -> None:
     except KeyboardInterrupt:
         strategy.teardown()
         raise
-
-
-def _restore_full(strategy: Strategy, path: str | Path, state: dict[str, Any],
-                  checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """Restore a full checkpoint that was checked to fit ``state``: modules, then
-    optimizers, then what `checkpointing.restore_plain` restores; rolled back if it
-    fails."""
-    with checkpointing.restoring(strategy, path, state):
-        for name, target in state.items():
-            if isinstance(target, nn.Module):
-                unwrap(target).load_state_dict(checkpoint[name])
-        for name, target in state.items():
-            if isinstance(target, Optimizer):
-                target.load_state_dict(checkpoint[name])
-        return checkpointing.restore_plain(strategy, state, {
-            k: v for k, v in checkpoint.items()
-            if not isinstance(state.get(k), (nn.Module, Optimizer))})

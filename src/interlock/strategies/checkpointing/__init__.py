@@ -1,4 +1,4 @@
-"""Checkpoints of sharded modules: full files and distributed (directory) checkpoints.
+"""What a strategy's checkpoint holds: full files and distributed (directory) checkpoints.
 
 Two formats, both loadable by every strategy:
 
@@ -38,8 +38,12 @@ from interlock.strategies.checkpointing.distributed import (
     save_distributed,
     split_state,
 )
-from interlock.strategies.checkpointing.fit import refuse_misfits
-from interlock.strategies.checkpointing.full import load_full, save_full
+from interlock.strategies.checkpointing.full import (
+    load_full,
+    load_unsharded,
+    save_full,
+    save_unsharded,
+)
 from interlock.strategies.checkpointing.rollback import restoring
 from interlock.strategies.checkpointing.state import (
     PLAIN_FILE,
@@ -47,7 +51,6 @@ from interlock.strategies.checkpointing.state import (
     RUNTIME_KEYS,
     SavingStrategy,
     missing_entries,
-    restore_plain,
     runtime_entries,
 )
 
@@ -75,13 +78,13 @@ __all__ = [
     "load",
     "load_distributed",
     "load_full",
+    "load_unsharded",
     "missing_entries",
-    "refuse_misfits",
-    "restore_plain",
     "restoring",
     "runtime_entries",
     "save",
     "save_distributed",
     "save_full",
+    "save_unsharded",
     "split_state",
 ]

@@ -1,5 +1,7 @@
 """Full checkpoints: one file, written by rank 0 in the layout a DDP or single-device
-run writes, gathered from the shards on save and scattered into them on load."""
+run writes. An unsharded strategy writes and reads it as its ranks hold it
+(`save_unsharded`, `load_unsharded`); a sharded one gathers it from the shards on save
+and scatters it into them on load (`save_full`, `load_full`)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.optim import Optimizer
 
-from interlock.strategies.checkpointing.fit import describe_misfits, misfits
+from interlock.strategies.checkpointing.fit import describe_misfits, misfits, refuse_misfits
 from interlock.strategies.checkpointing.rollback import restoring
 from interlock.strategies.checkpointing.state import (
     SavingStrategy,
@@ -46,6 +48,45 @@ _FULL_FROM_RANK0 = StateDictOptions(full_state_dict=True, broadcast_from_rank0=T
 #: (the saved and current parameter groups are still matched name by name)
 _OPTIMIZER_FULL_FROM_RANK0 = StateDictOptions(full_state_dict=True,
                                               broadcast_from_rank0=True, strict=False)
+
+
+def save_unsharded(strategy: SavingStrategy, path: str | Path,
+                   state: Mapping[str, Any]) -> None:
+    """Every rank holds everything: rank 0 writes one file (atomically, through the
+    checkpoint IO); every rank waits for it."""
+    checkpoint = {name: unwrap(value).state_dict() if isinstance(value, nn.Module)
+                  else value.state_dict() if isinstance(value, Optimizer) else value
+                  for name, value in state.items()}
+    checkpoint.update(runtime_entries(strategy))
+    if strategy.is_global_zero:
+        strategy.checkpoint_io.save_checkpoint(checkpoint, path)
+    strategy.barrier()
+
+
+def load_unsharded(strategy: SavingStrategy, path: str | Path, state: dict[str, Any],
+                   *, weights_only: bool = True, verify: bool = True) -> dict[str, Any]:
+    """Read a full checkpoint on every rank into modules that are not sharded.
+
+    Refused with :class:`CheckpointLoadError` before anything changes when the file is
+    damaged, lacks an entry or does not fit the modules and optimizers (keys, shapes,
+    dtypes); a restore that fails half-way is rolled back.
+    """
+    checkpoint = load_with(strategy.checkpoint_io, path, map_location="cpu",
+                           weights_only=weights_only, verify=verify)
+    problem = missing_entries(path, checkpoint, state)
+    if problem is not None:
+        raise CheckpointLoadError(str(path), problem)
+    refuse_misfits(path, state, checkpoint)
+    with restoring(strategy, path, state):
+        for name, target in state.items():
+            if isinstance(target, nn.Module):
+                unwrap(target).load_state_dict(checkpoint[name])
+        for name, target in state.items():
+            if isinstance(target, Optimizer):
+                target.load_state_dict(checkpoint[name])
+        return restore_plain(strategy, state, {
+            k: v for k, v in checkpoint.items()
+            if not isinstance(state.get(k), (nn.Module, Optimizer))})
 
 
 def save_full(strategy: SavingStrategy, path: str | Path, state: Mapping[str, Any]) -> None:
