@@ -162,24 +162,17 @@ class LosesOptimizerStateOnLoad(DDPStrategy):
 
 
 class ForgetsRandomState(DDPStrategy):
-    """Checkpoints carry no random state: a resumed run draws other dropout masks."""
+    """A load leaves every generator as it was: a resumed run draws other dropout
+    masks."""
 
-    def save_checkpoint(self, path: str | Path, state: Mapping[str, Any]) -> None:
-        from interlock.strategies import checkpointing
-        from interlock.strategies.random_state import RANDOM_KEY
+    def load_checkpoint(self, path: str | Path, state: dict[str, Any],
+                        **options: Any) -> dict[str, Any]:
+        from interlock.strategies import random_state
 
-        real = checkpointing.runtime_entries
-
-        def without_random(strategy: Any) -> dict[str, Any]:
-            entries = real(strategy)
-            entries.pop(RANDOM_KEY, None)
-            return entries
-
-        checkpointing.runtime_entries = without_random
-        try:
-            super().save_checkpoint(path, state)
-        finally:
-            checkpointing.runtime_entries = real
+        before = random_state.capture(self.root_device)
+        rest = super().load_checkpoint(path, state, **options)
+        random_state.restore_own(before, self.root_device)
+        return rest
 
 
 class ReshufflesOnRestart(DDPStrategy):
