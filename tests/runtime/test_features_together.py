@@ -232,3 +232,30 @@ def test_an_optimizer_over_another_module_is_still_refused_outside_pipelines() -
     assert single.holds_every_parameter
     said = single.launch(_optimizer_over_another_module)
     assert said == "SGD steps 2 tensor(s) that are not parameters of the module being set up"
+
+
+@pytest.mark.parametrize("precision", ["32-true", "64-true"])
+def test_moving_or_casting_a_model_keeps_its_tied_weights_tied(precision: str) -> None:
+    """Where Module.to gives each module a new Parameter (CPU to an XLA device; here the
+    same through torch's overwrite-on-conversion switch), the head and the embedding
+    must still share one weight after setup, moved (32-true) or cast (64-true)."""
+    from interlock.conformance import recipes
+
+    single = interlock.resolve(strategy="single_device", accelerator="cpu", machine=CPU,
+                               precision=precision)
+    previous = torch.__future__.get_overwrite_module_params_on_conversion()
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
+    try:
+        plain = recipes.build(0.0).to("cpu")  # what the switch does to a plain .to()
+        assert plain.head.weight is not plain.embed.weight
+        module = single.setup_module(recipes.build(0.0))
+        moved = single.module_to_device(recipes.build(0.0))
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(previous)
+    user = module.module
+    assert isinstance(user, recipes.RecipeLM)
+    assert user.head.weight is user.embed.weight, "setup untied the head from the embedding"
+    assert user.head.weight.dtype == (torch.float64 if precision == "64-true" else torch.float32)
+    assert [n for n, _ in user.named_parameters()] == [
+        n for n, _ in recipes.build(0.0).named_parameters()]
+    assert isinstance(moved, recipes.RecipeLM) and moved.head.weight is moved.embed.weight

@@ -33,7 +33,12 @@ from interlock.strategies.io import CheckpointIO
 from interlock.strategies.launchers import Launcher, launcher_for
 from interlock.strategies.launchers import history as launch_history
 from interlock.strategies.launchers.base import report_failure
-from interlock.strategies.module_wrapper import StrategyModule, move_to_device, unwrap
+from interlock.strategies.module_wrapper import (
+    StrategyModule,
+    keeping_ties,
+    move_to_device,
+    unwrap,
+)
 from interlock.strategies.parts import PART_OBJECTS, Parts
 from interlock.strategies.precision import Precision
 from interlock.strategies.restarts import (
@@ -431,7 +436,8 @@ class Strategy(ABC):
         The result's forward runs under the precision's forward context with input
         and output conversion; its state dict is the original module's.
         """
-        module = self.module_to_device(self.precision.convert_module(module))
+        module = keeping_ties(
+            module, lambda m: self.module_to_device(self.precision.convert_module(m)))
         if self.world_size > 1:
             make_storage_private(module)
         return StrategyModule(self.wrap_module(module), module, self.precision)
@@ -488,7 +494,7 @@ class Strategy(ABC):
         (:attr:`materializes_meta`)."""
         if self.materializes_meta and has_meta_tensors(module):
             return module  # its shards are allocated when it is wrapped
-        return module.to(self.root_device)
+        return keeping_ties(module, lambda m: m.to(self.root_device))
 
     def batch_to_device(self, batch: Any) -> Any:
         """``batch`` with every tensor (nested in lists, tuples, dicts) on the root device."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -52,6 +53,36 @@ class StrategyModule(nn.Module):
 def unwrap(module: nn.Module) -> nn.Module:
     """The user's module inside a StrategyModule (or the module itself)."""
     return module.module if isinstance(module, StrategyModule) else module
+
+
+def keeping_ties(module: nn.Module, change: Callable[[nn.Module], nn.Module]) -> nn.Module:
+    """``change(module)`` (a move or a cast), its tied parameters still tied.
+
+    ``Module.to`` gives each module a new Parameter where the tensor types of the two
+    sides differ (CPU to an XLA device; anywhere under
+    ``torch.__future__.set_overwrite_module_params_on_conversion(True)``), so a weight
+    two modules shared (an embedding tied to the output layer) would become two that
+    train apart. Afterwards each group of names that held one parameter holds one
+    again (names that ``change`` removed are left alone)."""
+    places: dict[int, list[tuple[str, str]]] = {}
+    for owner, sub in module.named_modules():
+        for name, param in sub._parameters.items():
+            if param is not None:
+                places.setdefault(id(param), []).append((owner, name))
+    changed = change(module)
+    for (owner, first), *others in (p for p in places.values() if len(p) > 1):
+        shared = _parameter(changed, owner, first)
+        for sub_name, name in others:
+            if shared is not None and _parameter(changed, sub_name, name) is not None:
+                changed.get_submodule(sub_name)._parameters[name] = shared
+    return changed
+
+
+def _parameter(module: nn.Module, owner: str, name: str) -> nn.Parameter | None:
+    try:
+        return module.get_submodule(owner)._parameters.get(name)
+    except AttributeError:
+        return None
 
 
 def move_to_device(data: Any, device: torch.device) -> Any:
