@@ -26,9 +26,13 @@ from torch import nn
 import interlock
 from interlock.strategies import checkpointing
 from interlock.strategies.base import Strategy
+from interlock.strategies.environments.local import LocalEnvironment
 from interlock.strategies.fsdp import FSDPStrategy
 from interlock.strategies.io import CheckpointIO, CheckpointLoadError, TorchCheckpointIO, digest
 from interlock.strategies.io.base import PathLike
+from interlock.strategies.module_wrapper import StrategyModule
+from interlock.strategies.precision import Precision
+from interlock.strategies.xla import XLAFSDPStrategy
 
 CPU = interlock.Machine()
 
@@ -363,6 +367,99 @@ def test_a_restore_that_fails_half_way_is_rolled_back(tmp_path: Path) -> None:
         single().load_checkpoint(path, refusing)
     assert_unchanged(before, refusing)
     assert refusing["step"] == 0, "the plain value set before the failure was not restored"
+
+
+class Sharded(nn.Module):
+    """Stands in for XLA's FSDP wrapper: its state dict (the shards) is keyed under
+    the wrapper, unlike the user's module inside it."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.wrapped = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.wrapped(x)  # type: ignore[no-any-return]
+
+    def get_shard_metadata(self, world_size: int = 1) -> dict[str, Any]:
+        """What torch_xla's wrapper says of its shards: each parameter's original name
+        and size."""
+        return {"shard_info": {"": {
+            f"shard{i}": {"_orig_name": f"_fsdp_wrapped_module._fpw_module.{name}",
+                          "_orig_size": param.shape}
+            for i, (name, param) in enumerate(self.wrapped.named_parameters())}},
+            "flatten_info": {}, "buffer_info": {}, "world_size": world_size, "rank": 0}
+
+
+def xla_fsdp() -> XLAFSDPStrategy:
+    """Built with its parts, which needs no XLA machine: torch_xla runs the real load
+    in ``nox -s xla`` (tests/runtime/test_deepspeed_and_xla.py)."""
+    return XLAFSDPStrategy(precision=Precision(), checkpoint_io=TorchCheckpointIO(),
+                           cluster_environment=LocalEnvironment())
+
+
+def xla_fsdp_state(inner: nn.Module) -> dict[str, Any]:
+    module = StrategyModule(Sharded(inner), inner, Precision())
+    optimizer = torch.optim.Adam(module.parameters(), lr=0.1)
+    trained(module, optimizer)
+    return {"model": module, "optimizer": optimizer, "step": 0}
+
+
+def save_xla_fsdp_rank(directory: Path, state: dict[str, Any], world_size: int = 1,
+                       **entries: Any) -> None:
+    """Rank 0's file as XLAFSDPStrategy.save_checkpoint writes it (which needs torch_xla)."""
+    wrapper = state["model"].forward_module
+    shards = {"model": {"model": wrapper.state_dict(),
+                        "shard_metadata": wrapper.get_shard_metadata(world_size)},
+              "optimizer": state["optimizer"].state_dict(), "step": 7, **entries}
+    xla_fsdp().checkpoint_io.save_checkpoint(shards, directory / "rank-0.pt")
+
+
+def test_xla_fsdp_loads_its_shard_files_all_or_nothing(tmp_path: Path) -> None:
+    saved = xla_fsdp_state(nn.Sequential(nn.Linear(8, 4), nn.Linear(4, 2)))
+    trained(saved["model"], saved["optimizer"], 2)
+    save_xla_fsdp_rank(tmp_path, saved, extra="kept")
+    strategy = xla_fsdp()
+
+    # shards that do not fit: refused before anything changes
+    state = xla_fsdp_state(nn.Sequential(nn.Linear(8, 4), nn.Linear(4, 3)))
+    before = snapshot(state)
+    with pytest.raises(CheckpointLoadError, match=r"module 'model': 1\.weight: saved "
+                                                  r"shape \(2, 4\), this model has \(3, 4\)"):
+        strategy.load_checkpoint(tmp_path, state)
+    assert_unchanged(before, state)
+
+    # shards cut for another world size: refused by name, with the way out
+    (tmp_path / "w").mkdir()
+    save_xla_fsdp_rank(tmp_path / "w", saved, world_size=2)
+    state = xla_fsdp_state(nn.Sequential(nn.Linear(8, 4), nn.Linear(4, 2)))
+    before = snapshot(state)
+    with pytest.raises(CheckpointLoadError, match=r"shards of 2 rank\(s\), this run has 1.*"
+                                                  r"consolidate_sharded_model_checkpoints"):
+        strategy.load_checkpoint(tmp_path / "w", state)
+    assert_unchanged(before, state)
+
+    # a restore that fails half-way (the second layer, after the first was copied)
+    (tmp_path / "f").mkdir()
+    save_xla_fsdp_rank(tmp_path / "f", xla_fsdp_state(FailsOnSecondLayer()))
+    state = xla_fsdp_state(FailsOnSecondLayer())
+    state["model"].module.fail = True
+    before = snapshot(state)
+    with pytest.raises(CheckpointLoadError, match=r"failed half-way.*disk went away.*put back"):
+        strategy.load_checkpoint(tmp_path / "f", state)
+    assert_unchanged(before, state)
+
+    # an entry that is not a module's shards (a plain state dict): refused by name
+    (tmp_path / "p").mkdir()
+    xla_fsdp().checkpoint_io.save_checkpoint(
+        {"model": saved["model"].state_dict()}, tmp_path / "p" / "rank-0.pt")
+    with pytest.raises(CheckpointLoadError, match=r"entry 'model' is not a module's shards"):
+        strategy.load_checkpoint(tmp_path / "p", {"model": state["model"]})
+
+    # a file that fits loads into the wrapper, plain values and all
+    state = xla_fsdp_state(nn.Sequential(nn.Linear(8, 4), nn.Linear(4, 2)))
+    rest = strategy.load_checkpoint(tmp_path, state)
+    assert rest == {"extra": "kept"} and state["step"] == 7
+    assert_unchanged({**snapshot(saved), "step": 7}, state)
 
 
 # --------------------------------------------------------------------------- full disk

@@ -218,6 +218,110 @@ def test_single_xla_trains_with_parity_on_a_real_xla_device(tmp_path: Path) -> N
     assert "xla ok" in done.stdout
 
 
+XLA_FSDP_SCRIPT = """
+import torch, interlock
+from interlock.strategies.io import CheckpointLoadError
+from interlock.strategies.xla import XLAFSDPStrategy
+
+def layers(width):
+    return torch.nn.Sequential(torch.nn.Linear(4, width), torch.nn.Linear(width, 1))
+
+def batches():
+    return [torch.randn(8, 4, generator=torch.Generator().manual_seed(s)) for s in range(3)]
+
+def train(strategy):
+    torch.manual_seed(0)
+    model = layers(3)
+    # created before setup: re-pointed at the shards in place, like every strategy's
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    net, optimizers = strategy.setup_module_and_optimizers(model, [opt])
+    assert optimizers == [opt]
+    for x in batches():
+        strategy.backward(net(strategy.batch_to_device(x)).pow(2).mean(), net)
+        strategy.optimizer_step(opt)
+        opt.zero_grad()
+    strategy.save_checkpoint(PATH, {"model": net, "optimizer": opt, "step": 3})
+    after_save = torch.rand(3)
+    shards = {k: v.cpu() for k, v in net.forward_module.state_dict().items()}
+    probe = strategy.batch_to_device(torch.ones(2, 4))
+    out = net(probe).cpu()
+
+    torch.manual_seed(1)  # another model of the same shape loads them back, all of it
+    fresh = strategy.setup_module(layers(3))
+    fresh_opt = strategy.setup_optimizer(torch.optim.SGD(fresh.parameters(), lr=0.1))
+    state = {"model": fresh, "optimizer": fresh_opt, "step": 0}
+    strategy.load_checkpoint(PATH, state)
+    assert state["step"] == 3, state
+    assert torch.equal(torch.rand(3), after_save), "the random state was not restored"
+    for k, v in fresh.forward_module.state_dict().items():
+        torch.testing.assert_close(v.cpu(), shards[k])
+    torch.testing.assert_close(fresh(probe).cpu(), out)
+    assert fresh_opt.param_groups[0]["momentum"] == 0.9
+
+    # the state dict: full tensors keyed like the user's module, and back
+    full = {k: v.cpu() for k, v in net.state_dict().items()}
+    torch.manual_seed(2)
+    again = strategy.setup_module(layers(3))
+    again.load_state_dict(full)
+    torch.testing.assert_close(again(probe).cpu(), out)
+    try:
+        again.load_state_dict({**full, "0.weight": torch.zeros(5, 4)})
+    except RuntimeError as error:
+        assert "size mismatch for 0.weight" in str(error), error
+    else:
+        raise AssertionError("a tensor of another shape loaded")
+
+    # padded shards of another shape: refused from the shard metadata, nothing changes
+    other = strategy.setup_module(layers(5))
+    before = {k: v.cpu().clone() for k, v in other.forward_module.state_dict().items()}
+    try:
+        strategy.load_checkpoint(PATH, {"model": other})
+    except CheckpointLoadError as error:
+        refused = str(error)
+    else:
+        raise AssertionError("shards of another shape loaded")
+    for k, v in other.forward_module.state_dict().items():
+        assert torch.equal(v.cpu(), before[k]), k
+    return out, refused, full
+
+strategy = interlock.resolve(accelerator="xla", devices=1, strategy="xla_fsdp")
+assert isinstance(strategy, XLAFSDPStrategy)
+out, refused, full = strategy.launch(train)
+assert "0.weight: saved shape (3, 4), this model has (5, 4)" in refused, refused
+assert "nothing was restored" in refused, refused
+torch.manual_seed(0)
+ref = layers(3)
+opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+for x in batches():
+    ref(x).pow(2).mean().backward()
+    opt.step(); opt.zero_grad()
+torch.testing.assert_close(out, ref(torch.ones(2, 4)).detach(), rtol=1e-4, atol=1e-5)
+
+def one_step(strategy):  # what the bf16-true refusal suggests runs
+    net = strategy.setup_module(layers(3))
+    opt = strategy.setup_optimizer(torch.optim.SGD(net.parameters(), lr=0.1))
+    strategy.backward(net(strategy.batch_to_device(torch.ones(2, 4))).sum(), net)
+    strategy.optimizer_step(opt)
+    return str(net.forward_module.compute_dtype)
+
+compute = XLAFSDPStrategy(compute_dtype=torch.bfloat16)
+assert interlock.resolve(accelerator="xla", devices=1, strategy=compute) is compute
+assert compute.launch(one_step) == "torch.bfloat16"
+print("xla_fsdp ok", strategy.root_device)
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not HAS_TORCH_XLA, reason="torch_xla is not installed (nox -s xla runs "
+                    "this on its CPU PJRT device)")
+def test_xla_fsdp_trains_saves_and_loads_its_shards_all_or_nothing(tmp_path: Path) -> None:
+    script = XLA_FSDP_SCRIPT.replace("PATH", repr(str(tmp_path / "shards")))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=280, env={**__import__("os").environ, "PJRT_DEVICE": "CPU"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "xla_fsdp ok" in done.stdout
+
+
 def test_the_xla_launcher_refuses_several_ranks_on_the_cpu_pjrt_device(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from interlock.strategies.launchers import LaunchError

@@ -302,7 +302,7 @@ def check_precision_dtypes(ctx: RankContext) -> None:
     out = module(ctx.strategy.batch_to_device(share(x, ctx.strategy)))
     hook.remove()
     ctx.strategy.backward(out.float().sum(), module)
-    param = next(unwrap(module).parameters())
+    param = next(module.parameters())  # the set-up module's, where the strategy keeps them
     local = param.to_local() if isinstance(param, DTensor) else param
     e(local.dtype == param_dtype,
            f"{ctx.precision}: parameters are stored in {local.dtype}, expected {param_dtype}")

@@ -100,7 +100,8 @@ def held_bytes(module: nn.Module, optimizer: Any) -> dict[str, int]:
     the optimizer's own parameters that are not the module's (float32 master copies),
     ``optimizer`` the two together."""
     storages = _Storages()
-    params = list(dict.fromkeys(unwrap(module).parameters()))
+    # the set-up module's: the user's module inside it may hold none (torch_xla's FSDP)
+    params = list(dict.fromkeys(module.parameters()))
     held = {"parameters": storages.bytes(params),
             "gradients": storages.bytes(p.grad for p in params if p.grad is not None)}
     own = {id(p) for p in params}

@@ -476,10 +476,15 @@ class Strategy(ABC):
         """
         names = {id(p): n for n, p in unwrap(module).named_parameters()}
         wrapped = self.setup_module(module)
-        current = dict(unwrap(wrapped).named_parameters())
+        current = self._parameters_by_name(wrapped)
         partial = not self.holds_every_parameter
         return wrapped, [self.setup_optimizer(_rebind(o, names, current, partial))
                          for o in optimizers]
+
+    def _parameters_by_name(self, module: StrategyModule) -> dict[str, nn.Parameter]:
+        """The parameters of a set-up module, keyed by the name each had in the module
+        given to :meth:`setup_module`."""
+        return dict(unwrap(module).named_parameters())
 
     @property
     def holds_every_parameter(self) -> bool:
