@@ -205,6 +205,19 @@ def test_a_misspelt_name_is_offered_only_names_that_get_past_its_flag() -> None:
     assert len(seen) == 4, seen
 
 
+def test_xla_fsdp_refuses_16_bit_parameters_with_what_runs_instead() -> None:
+    """torch_xla's FSDP raises for any parameter dtype but float32: the plan refuses
+    what could never be built, and names the compute-dtype option that runs."""
+    for precision in ("16-true", "bf16-true"):
+        error = refusal(TPU, strategy="xla_fsdp", precision=precision)
+        assert error.code == "unsupported-precision" and error.flag == "precision"
+        assert error.choices == ("32-true",), error.choices
+        assert "only fp32 parameters are supported" in error.reason
+        assert "compute_dtype=torch.bfloat16" in error.reason
+    assert plan(strategy="xla_fsdp", machine=TPU).precision == "32-true"
+    assert plan(strategy="xla", precision="bf16-true", machine=TPU).precision == "bf16-true"
+
+
 def test_substitutes_are_the_only_choice() -> None:
     assert refusal(TPU, strategy="fsdp").choices == ("xla_fsdp",)
     assert refusal(CPU, strategy="fsdp_cpu_offload").choices == ("fsdp",)

@@ -176,6 +176,15 @@ def _deepspeed_rows() -> tuple[StrategySpec, ...]:
     )
 
 
+#: torch_xla's FSDP raises TypeError("only fp32 parameters are supported") for any other
+#: parameter dtype, whatever its options (measured with torch_xla 2.9, CPU PJRT device)
+_FP32_SHARDS_ONLY = ("torch_xla's FSDP shards float32 parameters only (it raises 'only fp32 "
+                     "parameters are supported' for 16-bit ones); use 32-true, and for "
+                     "16-bit compute over float32 shards, "
+                     "XLAFSDPStrategy(compute_dtype=torch.bfloat16)")
+_XLA_FSDP_REFUSALS = {"16-true": _FP32_SHARDS_ONLY, "bf16-true": _FP32_SHARDS_ONLY}
+
+
 #: what the rows of one family share
 _fsdp = partial(StrategySpec, factory="interlock.strategies.fsdp:FSDPStrategy",
                 family="fsdp", precisions=_SHARDED, launcher="subprocess",
@@ -256,6 +265,7 @@ BUILTIN_STRATEGIES: tuple[StrategySpec, ...] = (
         description="torch_xla's fully sharded data parallel",
         default_parallelism=_SHARD_ALL,
         substitutes={"cpu": "fsdp", "cuda": "fsdp"},
+        precision_refusals={"xla": _XLA_FSDP_REFUSALS},
         # torch_xla's FSDP flattens each unit's parameters before sharding them
         memory=MemoryTraits(split="flat", gathers_alone=True),
     ),
