@@ -221,10 +221,10 @@ XLA_PACKAGES = os.environ.get("INTERLOCK_XLA", "torch==2.9.0 torch_xla==2.9.0").
 @nox.session(python=PYTHON)
 def xla(session: nox.Session) -> None:
     """The XLA strategies on torch_xla's CPU PJRT device (no TPU needed): real training
-    through single_xla, every XLA unit test, then the conformance suite for single_xla
-    and xla on the tpu runner, written to docs/conformance-report-xla.json. Not part of
-    CI: its environment is several GB; ``INTERLOCK_XLA`` overrides the torch/torch_xla
-    pins.
+    through single_xla and xla_fsdp, every XLA unit test, then the conformance suite for
+    single_xla, xla and xla_fsdp on the tpu runner, written to
+    docs/conformance-report-xla.json. Not part of CI: its environment is several GB;
+    ``INTERLOCK_XLA`` overrides the torch/torch_xla pins.
 
     The CPU PJRT device runs one rank only: torch_xla's CPU client has no collective
     across devices (tools/xla_cpu_multiprocess_repro.py), so the suite's world size 2
@@ -238,7 +238,7 @@ def xla(session: nox.Session) -> None:
                 "--typeguard-packages=interlock", *session.posargs,
                 env={"PJRT_DEVICE": "CPU"})
     session.run("interlock", "conformance", "--strategy", "single_xla", "--strategy", "xla",
-                "--runner", "tpu", "--world-sizes", "1,2",
+                "--strategy", "xla_fsdp", "--runner", "tpu", "--world-sizes", "1,2",
                 "--report", "docs/conformance-report-xla.json", env={"PJRT_DEVICE": "CPU"})
     _regenerate_pages(session)
 
