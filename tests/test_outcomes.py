@@ -215,6 +215,9 @@ def test_xla_fsdp_refuses_16_bit_parameters_with_what_runs_instead() -> None:
         assert "only fp32 parameters are supported" in error.reason
         assert "compute_dtype=torch.bfloat16" in error.reason
     assert plan(strategy="xla_fsdp", machine=TPU).precision == "32-true"
+    # a precision the row never declared: the reason lists what runs on this accelerator
+    other = refusal(TPU, strategy="xla_fsdp", precision="bf16-mixed")
+    assert other.reason.endswith("strategy 'xla_fsdp' supports 32-true on xla."), other.reason
     assert plan(strategy="xla", precision="bf16-true", machine=TPU).precision == "bf16-true"
 
 

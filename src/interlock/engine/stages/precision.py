@@ -120,10 +120,12 @@ def _refuse_by(holder: str) -> Callable[[PrecisionDraft], str]:
         flag, value = _precision_flag(ctx)
         if holder == "strategy":
             spec = ctx.chosen_spec
-            taken = ctx.parts.strategy_precisions(spec)
+            # what the row declares less what it refuses on this accelerator
+            refused_here = spec.precision_refusals.get(ctx.accelerator, {})
+            taken = ctx.parts.strategy_precisions(spec) - set(refused_here)
             why = f"strategy {spec.name!r}{_chosen_how(ctx)} supports " + ", ".join(
                 p for p in ctx.parts.precision_names if p in taken
-            )
+            ) + (f" on {ctx.accelerator}" if refused_here else "")
         else:
             runs = ctx.parts.accelerator_precisions[ctx.accelerator]
             why = f"the {ctx.accelerator} accelerator supports " + ", ".join(
