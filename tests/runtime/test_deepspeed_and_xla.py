@@ -211,15 +211,24 @@ print("xla ok", strategy.root_device)
 """
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.skipif(not HAS_TORCH_XLA, reason="torch_xla is not installed (nox -s xla runs "
-                    "this on its CPU PJRT device)")
-def test_single_xla_trains_with_parity_on_a_real_xla_device(tmp_path: Path) -> None:
-    script = XLA_SCRIPT.replace("PATH", repr(str(tmp_path / "xla.pt")))
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=280, env={**__import__("os").environ, "PJRT_DEVICE": "CPU"})
+NEEDS_TORCH_XLA = pytest.mark.skipif(not HAS_TORCH_XLA, reason="torch_xla is not installed "
+                                     "(nox -s xla runs this on its CPU PJRT device)")
+
+
+def run_on_the_cpu_device(script: str, path: Path, done_line: str) -> None:
+    """Run ``script`` (PATH replaced by ``path``) in a fresh interpreter on torch_xla's
+    CPU PJRT device; it must exit 0 having printed ``done_line``."""
+    done = subprocess.run([sys.executable, "-c", script.replace("PATH", repr(str(path)))],
+                          capture_output=True, text=True, timeout=280,
+                          env={**__import__("os").environ, "PJRT_DEVICE": "CPU"})
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "xla ok" in done.stdout
+    assert done_line in done.stdout
+
+
+@pytest.mark.timeout(300)
+@NEEDS_TORCH_XLA
+def test_single_xla_trains_with_parity_on_a_real_xla_device(tmp_path: Path) -> None:
+    run_on_the_cpu_device(XLA_SCRIPT, tmp_path / "xla.pt", "xla ok")
 
 
 XLA_FSDP_SCRIPT = """
@@ -316,14 +325,9 @@ print("xla_fsdp ok", strategy.root_device)
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(not HAS_TORCH_XLA, reason="torch_xla is not installed (nox -s xla runs "
-                    "this on its CPU PJRT device)")
+@NEEDS_TORCH_XLA
 def test_xla_fsdp_trains_saves_and_loads_its_shards_all_or_nothing(tmp_path: Path) -> None:
-    script = XLA_FSDP_SCRIPT.replace("PATH", repr(str(tmp_path / "shards")))
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=280, env={**__import__("os").environ, "PJRT_DEVICE": "CPU"})
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "xla_fsdp ok" in done.stdout
+    run_on_the_cpu_device(XLA_FSDP_SCRIPT, tmp_path / "shards", "xla_fsdp ok")
 
 
 def test_the_xla_launcher_refuses_several_ranks_on_the_cpu_pjrt_device(
