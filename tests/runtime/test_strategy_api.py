@@ -102,3 +102,58 @@ def test_checkpoint_state_and_a_malicious_file(tmp_path: Path) -> None:
 class _Evil:
     def __reduce__(self) -> tuple[Any, ...]:
         return (print, ("this must never run",))
+
+
+class _LooksLikeAnOptimizer:
+    """Not a torch Optimizer, but works like one (a wrapper some libraries ship)."""
+
+    def __init__(self, params: Any) -> None:
+        self.param_groups = [{"params": list(params)}]
+        self.state: dict[Any, Any] = {}
+
+    def step(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda s, m, o: s.setup_module_and_optimizers(m, o),
+     r"setup_module_and_optimizers\(\) takes a list of optimizers: pass \[optimizer\]"),
+    (lambda s, m, o: s.setup_module_and_optimizers(m, None),
+     r"takes a list of torch.optim.Optimizer, got NoneType"),
+    (lambda s, m, o: s.setup_module_and_optimizers(m, [o, m]),
+     r"optimizer 1 is a Linear, not a torch.optim.Optimizer"),
+    (lambda s, m, o: s.setup_module_and_optimizers("model.pt", [o]),
+     r"setup_module_and_optimizers\(\) sets up a torch.nn.Module, got str"),
+    (lambda s, m, o: s.setup_module(None), r"setup_module\(\) sets up a torch.nn.Module, "
+     r"got NoneType"),
+    (lambda s, m, o: s.setup_optimizer(m.parameters()),
+     r"setup_optimizer\(\) prepares a torch.optim.Optimizer, got generator"),
+])
+def test_what_is_not_a_module_or_an_optimizer_is_refused_by_name(call: Any,
+                                                                 message: str) -> None:
+    """A caller without static types (a config, a notebook): the usual slips get a
+    TypeError that names the call and the fix, not an AttributeError from inside, and
+    nothing is set up."""
+    from typeguard import suppress_type_checks
+
+    strategy = single()
+    module = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    weight = module.weight
+    with suppress_type_checks(), pytest.raises(TypeError, match=message):
+        call(strategy, module, optimizer)
+    assert module.weight is weight and optimizer.param_groups[0]["params"][0] is weight
+
+
+def test_an_optimizer_that_only_works_like_torchs_is_still_taken() -> None:
+    """The checks above refuse what cannot be an optimizer, not what works like one
+    (outside the annotations, so for callers without static types)."""
+    from typeguard import suppress_type_checks
+
+    module = nn.Linear(2, 2)
+    optimizer = _LooksLikeAnOptimizer(module.parameters())
+    with suppress_type_checks():
+        wrapped, (same,) = single().setup_module_and_optimizers(
+            module, [optimizer])  # type: ignore[list-item]
+    assert same is optimizer  # type: ignore[comparison-overlap]
+    assert next(iter(wrapped.parameters())) is module.weight

@@ -436,6 +436,7 @@ class Strategy(ABC):
         The result's forward runs under the precision's forward context with input
         and output conversion; its state dict is the original module's.
         """
+        check_module("setup_module", module)
         module = keeping_ties(
             module, lambda m: self.module_to_device(self.precision.convert_module(m)))
         if self.world_size > 1:
@@ -456,6 +457,9 @@ class Strategy(ABC):
 
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         """Prepare an optimizer created over the set-up module's parameters."""
+        if not _is_optimizer(optimizer):
+            raise TypeError("setup_optimizer() prepares a torch.optim.Optimizer, got "
+                            f"{type(optimizer).__name__}")
         return optimizer
 
     def setup_module_and_optimizers(
@@ -474,6 +478,8 @@ class Strategy(ABC):
             ValueError: for an optimizer that already has state and whose parameters
                 the setup replaced (create it after :meth:`setup_module` instead).
         """
+        check_module("setup_module_and_optimizers", module)
+        check_optimizers("setup_module_and_optimizers", optimizers)
         names = {id(p): n for n, p in unwrap(module).named_parameters()}
         wrapped = self.setup_module(module)
         current = self._parameters_by_name(wrapped)
@@ -753,6 +759,32 @@ def _rebind(optimizer: Optimizer, names: dict[int, str],
         group["params"][:] = [current[names[id(p)]] for p in group["params"]
                               if names[id(p)] in current]
     return optimizer
+
+
+def check_module(method: str, module: object) -> None:
+    """Refuse what is not a torch module before anything is moved or wrapped."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"{method}() sets up a torch.nn.Module, got {type(module).__name__}")
+
+
+def check_optimizers(method: str, optimizers: object) -> None:
+    """Refuse what is not a list of torch optimizers (one optimizer alone included:
+    the call takes a list)."""
+    if isinstance(optimizers, Optimizer):
+        raise TypeError(f"{method}() takes a list of optimizers: pass [optimizer]")
+    if not isinstance(optimizers, (list, tuple)):
+        raise TypeError(f"{method}() takes a list of torch.optim.Optimizer, got "
+                        f"{type(optimizers).__name__}")
+    for place, optimizer in enumerate(optimizers):
+        if not _is_optimizer(optimizer):
+            raise TypeError(f"{method}(): optimizer {place} is a {type(optimizer).__name__}, "
+                            "not a torch.optim.Optimizer")
+
+
+def _is_optimizer(value: object) -> bool:
+    # a torch Optimizer, or one that works like it (param_groups, step)
+    return isinstance(value, Optimizer) or (
+        hasattr(value, "param_groups") and callable(getattr(value, "step", None)))
 
 
 def _check_positive(name: str, value: object) -> None:

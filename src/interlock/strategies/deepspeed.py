@@ -23,6 +23,7 @@ from torch.optim import Optimizer
 from interlock.engine.tables import INSTALL_HINTS
 from interlock.strategies import random_state
 from interlock.strategies.accelerators import Accelerator
+from interlock.strategies.base import check_module, check_optimizers
 from interlock.strategies.deepspeed_config import deepspeed_config
 from interlock.strategies.environments import ClusterEnvironment
 from interlock.strategies.io import CheckpointIO, CheckpointLoadError
@@ -220,6 +221,8 @@ class DeepSpeedStrategy(ParallelStrategy):
     def setup_module_and_optimizers(
         self, module: nn.Module, optimizers: Sequence[Optimizer]
     ) -> tuple[StrategyModule, list[Optimizer]]:
+        check_module("setup_module_and_optimizers", module)
+        check_optimizers("setup_module_and_optimizers", optimizers)
         if len(optimizers) != 1:
             raise ValueError(
                 f"DeepSpeed builds one engine from one module and one optimizer; got "
@@ -242,6 +245,7 @@ class DeepSpeedStrategy(ParallelStrategy):
     def setup_module(self, module: nn.Module) -> StrategyModule:
         """An engine without an optimizer (inference); to train, use
         :meth:`setup_module_and_optimizers`."""
+        check_module("setup_module", module)
         deepspeed = import_deepspeed()
         module = self.precision.convert_module(module)
         _reset_autocast_state()
