@@ -462,6 +462,24 @@ def test_xla_fsdp_loads_its_shard_files_all_or_nothing(tmp_path: Path) -> None:
     assert_unchanged({**snapshot(saved), "step": 7}, state)
 
 
+def test_xla_fsdps_module_refuses_what_is_not_a_state_dict() -> None:
+    """XLAFSDPModule.load_state_dict, given a path or nothing: torch's TypeError, not an
+    AttributeError from inside, and the module unchanged."""
+    from typeguard import suppress_type_checks
+
+    from interlock.strategies.xla import XLAFSDPModule
+
+    inner = nn.Linear(2, 2)
+    module = XLAFSDPModule(Sharded(inner), inner, Precision())
+    before = {k: v.clone() for k, v in inner.state_dict().items()}
+    for junk in (None, "ckpt.pt", [1]):
+        with suppress_type_checks(), pytest.raises(
+                TypeError, match=r"load_state_dict\(\) takes a state dict .* got "
+                                 f"{type(junk).__name__}"):
+            module.load_state_dict(junk)
+    assert all(torch.equal(v, before[k]) for k, v in inner.state_dict().items())
+
+
 # --------------------------------------------------------------------------- full disk
 
 

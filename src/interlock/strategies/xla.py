@@ -392,6 +392,9 @@ class XLAFSDPModule(StrategyModule):
         return state
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        if not isinstance(state_dict, Mapping):
+            raise TypeError("load_state_dict() takes a state dict (a mapping of names to "
+                            f"tensors), got {type(state_dict).__name__}")
         shards = _shards(self.forward_module)
         tied = _tied(self.forward_module)
         rest = {k: v for k, v in state_dict.items() if k not in shards and k not in tied}
