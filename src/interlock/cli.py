@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from interlock.conformance.options import RUNNER_CHOICES
 from interlock.engine.errors import ResolutionError
 from interlock.engine.limits import MAX_DEVICES_PER_NODE, short_repr
 from interlock.engine.machine import OPTIONAL_PACKAGES, START_METHODS, Machine
@@ -19,7 +20,7 @@ from interlock.engine.parallelism import DIMS
 from interlock.engine.planner import plan
 from interlock.engine.registration import RegistrationError
 from interlock.engine.registry import registered
-from interlock.engine.tables import ACCELERATORS, PackageRow
+from interlock.engine.tables import PackageRow
 
 SIMULATE_HELP = (
     "simulate a machine instead of probing this one: comma-separated tokens "
@@ -240,20 +241,18 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         for p in PROFILES:
             print(f"{p.name:<{width}}  {p.description}")
         return 0
+    if args.format in ("lock", "md", "html") and args.profile is not None:
+        raise UsageError("--profile applies to --format csv and json (the cell dump); " + (
+            "a lock holds every profile" if args.format == "lock"
+            else "the md and html pages cover their own profiles"))
     if args.format == "lock":
         from interlock.matrix import lock
 
-        if args.profile is not None:
-            raise UsageError("--profile applies to --format csv and json (the cell dump); "
-                             "a lock holds every profile")
         _write(lock.render(), args.output)
         return 0
     if args.format in ("md", "html"):
         from interlock.matrix import compat
 
-        if args.profile is not None:
-            raise UsageError("--profile applies to --format csv and json (the cell dump); "
-                             "the md and html pages cover their own profiles")
         _write(compat.render_markdown() if args.format == "md" else compat.render_html(),
                args.output)
         return 0
@@ -395,10 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compare two reports instead of running the suite: a scorecard "
                    "per strategy and runner and what changed; exit 1 on a regression "
                    "or a cell no longer verified")
-    # the runners are the accelerator rows' (the suite's own list is the same, but
-    # importing it would import torch for every command)
-    runners = tuple(dict.fromkeys(r.runner for r in ACCELERATORS if r.runner is not None))
-    c.add_argument("--runner", default="auto", choices=("auto", *runners),
+    c.add_argument("--runner", default="auto", choices=RUNNER_CHOICES,
                    help="auto: every runner this machine has; a runner named here that "
                    "the machine lacks fails the run (see --allow-missing-runner)")
     c.add_argument("--world-sizes", default="1,2", metavar="N,M")
@@ -452,13 +448,16 @@ def cmd_conformance(args: argparse.Namespace) -> int:
                          f"here: {CONFORMANCE_INSTALL}")
     import pytest
 
-    from interlock.conformance.options import OptionError, validate
+    from interlock.conformance.options import PYTEST_OPTIONS, OptionError, validate
 
+    given = {"strategies": args.strategy, "runner": args.runner,
+             "world_sizes": args.world_sizes, "precisions": args.precisions,
+             "imports": args.imports, "skips_file": args.skips_file,
+             "xfails_file": args.xfails_file, "report": args.report,
+             "allow_missing": args.allow_missing_runner, "keep_workdir": args.keep_workdir,
+             "workers": args.workers, "checks": args.checks}
     try:
-        validate(strategies=args.strategy, runner=args.runner, world_sizes=args.world_sizes,
-                 precisions=args.precisions, imports=args.imports,
-                 skips_file=args.skips_file, xfails_file=args.xfails_file,
-                 report=args.report, workers=args.workers, checks=args.checks)
+        validate(**given)
     except OptionError as error:
         raise UsageError(str(error)) from None
     with tempfile.TemporaryDirectory(prefix="interlock-suite-config-") as config_dir:
@@ -472,28 +471,15 @@ def cmd_conformance(args: argparse.Namespace) -> int:
                 # distribution's modules for assertion rewriting; the suite asserts
                 # through its own helpers, so the warning says nothing a user can act on
                 "-W", "ignore::pytest.PytestAssertRewriteWarning",
-                "-o", "python_files=test_*.py",
-                "--interlock-runner", args.runner, "--interlock-world-sizes",
-                args.world_sizes]
-        for name in args.strategy:
-            argv += ["--interlock-strategy", name]
-        for module in args.imports:
-            argv += ["--interlock-import", module]
-        for option, value in (("--interlock-precisions", args.precisions),
-                              ("--interlock-report", args.report),
-                              ("--interlock-skips-file", args.skips_file),
-                              ("--interlock-xfails-file", args.xfails_file)):
-            if value:
-                argv += [option, str(Path(value).absolute()) if option != (
-                    "--interlock-precisions") else value]
-        if args.allow_missing_runner:
-            argv.append("--interlock-allow-missing-runner")
-        if args.keep_workdir:
-            argv.append("--interlock-keep-workdir")
-        if args.workers:
-            argv += ["--interlock-workers", str(args.workers)]
-        if args.checks:
-            argv += ["--interlock-checks", args.checks]
+                "-o", "python_files=test_*.py"]
+        for name, option in PYTEST_OPTIONS:  # each as validated; files made absolute
+            value = given[name]
+            for one in value if isinstance(value, list) else [value]:
+                if one is True:
+                    argv.append(option)
+                elif one not in (None, False, 0, ""):
+                    argv += [option, str(Path(one).absolute()) if name in (
+                        "skips_file", "xfails_file", "report") else str(one)]
         if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
             argv += ["-p", "_interlock_conformance_pytest"]
         addopts = os.environ.pop("PYTEST_ADDOPTS", None)

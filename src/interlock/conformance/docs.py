@@ -8,7 +8,6 @@ fails when the committed page differs from what this writes.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -94,13 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     read, has no markers or cannot be written (one line on stderr; the page is left
     as it was).
     """
-    parser = argparse.ArgumentParser(
-        prog="python -m interlock.conformance.docs",
-        description="Regenerate the table of checks in docs/conformance.md.")
-    parser.add_argument("root", nargs="?", type=Path, default=Path.cwd(),
-                        help="the repository root (default: the current directory)")
-    args = parser.parse_args(argv)
-    path = args.root / CONFORMANCE_PATH
+    from interlock.engine.docs import checkout_root
+
+    path = checkout_root(None if argv is None else list(argv),
+                         "python -m interlock.conformance.docs",
+                         "the table of checks in docs/conformance.md") / CONFORMANCE_PATH
     try:
         page = path.read_text(encoding="utf-8")
         updated = with_checks_table(page)

@@ -160,10 +160,7 @@ def run_rank_checks(strategy: Any, args: argparse.Namespace, precisions: list[st
             return
         if rank == 0:
             _progress(workdir, check.id)
-        began = time.monotonic()
-        record = _run_one(runs.run, ctx, label, check.id)
-        record["seconds"] = round(time.monotonic() - began, 3)
-        _mark(out, record)
+        _mark(out, _run_one(runs.run, ctx, label, check.id, rank))
 
     for index, precision in enumerate(precisions):
         if index:
@@ -207,22 +204,28 @@ def setup_seconds(workdir: Path, world_size: int) -> float | None:
     return max(times) if times else None
 
 
-def _run_one(fn: Callable[[RankContext], None], ctx: RankContext, label: str,
-             check_id: str) -> dict[str, Any]:
+def _run_one(fn: Callable[[Any], None], ctx: Any, label: str, check_id: str,
+             rank: int | None = None) -> dict[str, Any]:
+    """Run one check, timed: in rank ``rank``, or in the launching process (None)."""
+    began = time.monotonic()
     try:
         fn(ctx)
     except CheckSkipped as skip:
-        return _record(label, check_id, "skipped", str(skip))
+        record = _record(label, check_id, "skipped", str(skip))
     except CheckFailed as failure:
         text = str(failure)
         # a check that compares every rank's answers names the rank in its message
-        prefix = "" if text.startswith("rank ") else f"rank {ctx.strategy.global_rank}: "
-        return _record(label, check_id, "failed", prefix + text)
+        prefix = "" if rank is None or text.startswith("rank ") else f"rank {rank}: "
+        record = _record(label, check_id, "failed", prefix + text)
     except Exception as error:
-        return _record(label, check_id, "failed",
-                       f"rank {ctx.strategy.global_rank} raised {type(error).__name__}: "
-                       f"{error}\n{traceback.format_exc(limit=6)}")
-    return _record(label, check_id, "passed")
+        who = "the check" if rank is None else f"rank {rank}"
+        record = _record(label, check_id, "failed",
+                         f"{who} raised {type(error).__name__}: {error}\n"
+                         f"{traceback.format_exc(limit=6)}")
+    else:
+        record = _record(label, check_id, "passed")
+    record["seconds"] = round(time.monotonic() - began, 3)
+    return record
 
 
 def _mark(path: Path, record: dict[str, Any]) -> None:
@@ -308,21 +311,7 @@ def run_driver_checks(ctx: LaunchContext,
             records.append(_record(ANY_PRECISION, check.id, "skipped", why))
             continue
         _progress(ctx.workdir, check.id)
-        began = time.monotonic()
-        try:
-            check.runs.run(ctx)
-        except CheckSkipped as skip:
-            record = _record(ANY_PRECISION, check.id, "skipped", str(skip))
-        except CheckFailed as failure:
-            record = _record(ANY_PRECISION, check.id, "failed", str(failure))
-        except Exception as error:
-            record = _record(ANY_PRECISION, check.id, "failed",
-                             f"the check raised {type(error).__name__}: {error}\n"
-                             f"{traceback.format_exc(limit=6)}")
-        else:
-            record = _record(ANY_PRECISION, check.id, "passed")
-        record["seconds"] = round(time.monotonic() - began, 3)
-        records.append(record)
+        records.append(_run_one(check.runs.run, ctx, ANY_PRECISION, check.id))
     return records
 
 

@@ -238,12 +238,8 @@ def _record(fault: Fault, root: Path, where: str) -> None:
 
 
 def _write_json(path: Path, value: dict[str, Any]) -> None:
-    _write_atomically(path, json.dumps(value))
-
-
-def _write_atomically(path: Path, text: str) -> None:
     temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temp.write_text(text)
+    temp.write_text(json.dumps(value))
     _REPLACE(temp, path)
 
 

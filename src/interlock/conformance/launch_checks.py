@@ -232,28 +232,6 @@ def check_resharding(ctx: LaunchContext) -> None:
                           f"{str(error)[:2000]}") from None
 
 
-def check_survives_kill(ctx: LaunchContext) -> None:
-    """A rank killed by SIGKILL mid-training: one restart finishes the run exactly."""
-    _survives(ctx, "kill")
-
-
-def check_survives_raise_in_backward(ctx: LaunchContext) -> None:
-    """A rank whose backward raises: one restart finishes the run exactly."""
-    _survives(ctx, "raise_in_backward")
-
-
-def check_survives_hang(ctx: LaunchContext) -> None:
-    """A rank that never reaches a collective: the others time out, and one restart
-    finishes the run exactly."""
-    _survives(ctx, "hang")
-
-
-def check_survives_kill_during_save(ctx: LaunchContext) -> None:
-    """A rank killed while a checkpoint is written: the previous checkpoint survives,
-    and one restart from it finishes the run exactly."""
-    _survives(ctx, "kill_during_save")
-
-
 #: the uninterrupted run each launch context compares with, computed by the first
 #: survives_* check that runs and kept in memory, not in a file: under the script
 #: launcher every rank re-runs the driver, and each must make the same launches
@@ -306,8 +284,9 @@ def _fault_rank(strategy: Any, kind: str, world_size: int) -> int:
     return 0 if row is not None and row.launches_single else world_size - 1
 
 
-def _survives(ctx: LaunchContext, kind: str) -> None:
-    """Train with ``kind`` injected at the last rank (the script launcher's rank 0 is
+def check_survives(kind: str, ctx: LaunchContext) -> None:
+    """The survives_* check of ``kind`` (`table.CHECKS` binds it to each): train with
+    ``kind`` injected at the last rank (the script launcher's rank 0 is
     this process) and one restart allowed; the result must equal the uninterrupted
     run's bit for bit, after exactly one restart, with no worker left alive."""
     if kind == "hang" and "timeout" not in ctx.spec.capabilities:

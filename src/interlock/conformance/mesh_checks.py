@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from interlock.conformance import memory_checks, recipes, reference
-from interlock.conformance.checks import CheckFailed, CheckSkipped, full
+from interlock.conformance.checks import CheckFailed, CheckSkipped, full, share
 from interlock.engine.errors import ResolutionError
 from interlock.engine.parallelism import DIMS, FLATTENED, MeshLayout, Parallelism
 
@@ -52,11 +52,6 @@ def _loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return loss
 
 
-def _share(tensor: torch.Tensor, strategy: Any) -> torch.Tensor:
-    index: int = strategy.data_parallel_rank
-    return tensor.chunk(strategy.data_parallel_size)[index]
-
-
 def train_on_the_mesh(strategy: Any, path: str, accumulate: int,
                       clip: bool) -> dict[str, Any]:
     """In every rank: where the mesh puts this rank, then `MESH_STEPS` SGD steps
@@ -75,7 +70,7 @@ def train_on_the_mesh(strategy: Any, path: str, accumulate: int,
         torch.optim.SGD(module.parameters(), lr=reference.LR, momentum=0.9))
     for step in range(MESH_STEPS):
         x, y = reference.batch(step)
-        x, y = strategy.batch_to_device((_share(x, strategy), _share(y, strategy)))
+        x, y = strategy.batch_to_device((share(x, strategy), share(y, strategy)))
         strategy.forward_backward(module, x, y, _loss)
         strategy.optimizer_step(opt)
         opt.zero_grad()

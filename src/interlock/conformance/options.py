@@ -26,6 +26,17 @@ MAX_WORLD_SIZE = 64
 #: concurrent driver launches at most
 MAX_WORKERS = 64
 
+#: each option of a run: `validate`'s keyword, and the pytest option that carries it
+#: (``interlock conformance`` passes its own options on as these)
+PYTEST_OPTIONS: tuple[tuple[str, str], ...] = (
+    ("strategies", "--interlock-strategy"), ("runner", "--interlock-runner"),
+    ("world_sizes", "--interlock-world-sizes"), ("precisions", "--interlock-precisions"),
+    ("imports", "--interlock-import"), ("skips_file", "--interlock-skips-file"),
+    ("xfails_file", "--interlock-xfails-file"), ("report", "--interlock-report"),
+    ("allow_missing", "--interlock-allow-missing-runner"),
+    ("keep_workdir", "--interlock-keep-workdir"), ("workers", "--interlock-workers"),
+    ("checks", "--interlock-checks"))
+
 
 class OptionError(ValueError):
     """An option the suite cannot run with (the message is one line)."""

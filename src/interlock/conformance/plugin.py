@@ -101,24 +101,12 @@ class SuiteState:
 
     def __init__(self, config: pytest.Config) -> None:
         from interlock.conformance.cases import select
-        from interlock.conformance.options import OptionError, validate
+        from interlock.conformance.options import PYTEST_OPTIONS, OptionError, validate
 
         self.config = config
         try:
-            self.options = validate(
-                strategies=config.getoption("--interlock-strategy"),
-                runner=config.getoption("--interlock-runner"),
-                world_sizes=config.getoption("--interlock-world-sizes"),
-                precisions=config.getoption("--interlock-precisions"),
-                imports=config.getoption("--interlock-import"),
-                skips_file=config.getoption("--interlock-skips-file"),
-                xfails_file=config.getoption("--interlock-xfails-file"),
-                report=config.getoption("--interlock-report"),
-                allow_missing=config.getoption("--interlock-allow-missing-runner"),
-                keep_workdir=config.getoption("--interlock-keep-workdir"),
-                workers=config.getoption("--interlock-workers"),
-                checks=config.getoption("--interlock-checks"),
-            )
+            self.options = validate(**{name: config.getoption(option)
+                                       for name, option in PYTEST_OPTIONS})
         except OptionError as error:
             raise pytest.UsageError(str(error)) from None
         self.selection = select(self.options)
@@ -136,10 +124,6 @@ class SuiteState:
         self._processes: set[subprocess.Popen[bytes]] = set()
         self._pool: ThreadPoolExecutor | None = None
         self._stopping = False
-
-    @property
-    def imports(self) -> tuple[str, ...]:
-        return self.options.imports
 
     # -------------------------------------------------------------- scheduling
 
@@ -225,7 +209,7 @@ class SuiteState:
             deadline = time.monotonic() + DRIVER_TIMEOUT_S + 60
             while not done.exists():
                 if time.monotonic() > deadline:
-                    return Launch(_all_failed(f"the worker that ran {case.group} wrote "
+                    return Launch(_AllFailed(f"the worker that ran {case.group} wrote "
                                               "nothing"), 0.0)
                 time.sleep(0.2)
             saved = json.loads(done.read_text())
@@ -292,7 +276,7 @@ class SuiteState:
                    "--strategy", case.strategy, "--accelerator", RUNNERS[case.runner],
                    "--world-size", str(case.world_size), "--precisions", ",".join(precisions),
                    "--workdir", str(workdir / "work"), "--out", str(out)]
-        for module in self.imports:
+        for module in self.options.imports:
             command += ["--import", module]
         restarts = case.group.endswith(RESTARTS_SUFFIX)
         ids = [c.id for c in CHECKS if c.own_launch == restarts
@@ -305,7 +289,7 @@ class SuiteState:
         with log.open("w") as output:
             with self._lock:
                 if self._stopping:
-                    return Launch(_all_failed("the run was stopped"), 0.0)
+                    return Launch(_AllFailed("the run was stopped"), 0.0)
                 process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT,
                                            start_new_session=True, env=_driver_environ())
                 self._processes.add(process)
@@ -322,7 +306,7 @@ class SuiteState:
             tail = log.read_text(errors="replace")[-3000:]
             message = (f"the conformance driver for {case.group} exited with "
                        f"{process.returncode} without results; its output ends:\n{tail}")
-            return Launch(_all_failed(message), seconds)
+            return Launch(_AllFailed(message), seconds)
         written = json.loads(out.read_text())
         return Launch({(r["precision"], r["check"]): r for r in written["records"]},
                       seconds, written.get("launch_seconds"))
@@ -395,10 +379,6 @@ class _AllFailed(dict[tuple[str, str], dict[str, Any]]):
 
     def get(self, key: Any, default: Any = None) -> Any:
         return {"status": "failed", "message": self.message}
-
-
-def _all_failed(message: str) -> dict[tuple[str, str], dict[str, Any]]:
-    return _AllFailed(message)
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:

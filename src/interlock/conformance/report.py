@@ -8,7 +8,7 @@ import os
 import platform
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -169,15 +169,11 @@ def verdicts(records: list[Record], selection: Scheduled,
                             and (v.strategy, v.runner) not in selection.declared
                             and v.strategy in passed_somewhere)
             if other_runner:
-                v = Verdict(**{**_fields(v), "verdict": "not applicable"})
+                v = replace(v, verdict="not applicable")
             else:
                 fails = not allow_missing
-        final.append(Verdict(**{**_fields(v), "fails": fails}))
+        final.append(replace(v, fails=fails))
     return final
-
-
-def _fields(v: Verdict) -> dict[str, Any]:
-    return {f: getattr(v, f) for f in v.__dataclass_fields__}
 
 
 def _label(r: Record) -> str:

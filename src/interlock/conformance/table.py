@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from types import MappingProxyType
 from typing import Literal
 
@@ -349,28 +350,28 @@ CHECKS: tuple[Check, ...] = (
     *(
         Check(
             id=f"survives_{kind}", capability="elastic", world_sizes=TWO_OR_MORE,
-            runs=InDriver(run=run), own_launch=True,
+            runs=InDriver(run=partial(launch_checks.check_survives, kind)), own_launch=True,
             guarantees=f"{what}; with `launch(max_restarts=1)` the job restarts exactly "
             "once, resumes from its last complete checkpoint, and ends with parameters and "
             "AdamW state equal bit for bit to an uninterrupted run (8 steps, `32-true`, a "
             "checkpoint every 2), no worker left alive",
             why=why)
-        for kind, run, what, why in (
-            ("kill", launch_checks.check_survives_kill,
+        for kind, what, why in (
+            ("kill",
              "the last rank is killed by SIGKILL at step 5",
              "nodes and processes die (OOM killer, preemption, hardware)"),
-            ("raise_in_backward", launch_checks.check_survives_raise_in_backward,
+            ("raise_in_backward",
              "the last rank raises inside `backward` at step 5, while the others "
              "wait in the gradient's collective",
              "a restart must not keep a half-synchronised step"),
-            ("hang", launch_checks.check_survives_hang,
+            ("hang",
              "the last rank never reaches step 5's collectives; the others' "
              "process-group timeout (needs `timeout` too; "
              f"{launch_checks.SETUP_MARGIN:.0f}x the main launch's slowest rank setup, "
              f"{launch_checks.MIN_TIMEOUT_S:.0f} to {launch_checks.TIMEOUT_S:.0f} s) "
              "ends the attempt",
              "a hang costs the whole allocation until someone notices"),
-            ("kill_during_save", launch_checks.check_survives_kill_during_save,
+            ("kill_during_save",
              "a rank is killed by SIGKILL inside the save of step 4, after writing and "
              "before renaming (rank 0, the writer of a full checkpoint, where the "
              "launching process only watches; the last rank under the script "

@@ -13,17 +13,13 @@ from interlock.conformance.plugin import suite_state
 from interlock.conformance.table import CHECKS_BY_ID, InPytest
 
 
-def _cases(config: pytest.Config) -> list[Case]:
-    state = suite_state(config)
-    return [] if state is None else state.selection.cases
-
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "case" not in metafunc.fixturenames:
         return
-    cases = _cases(metafunc.config)
+    state = suite_state(metafunc.config)
     metafunc.parametrize("case", [
-        pytest.param(c, id=c.id, marks=pytest.mark.xdist_group(c.group)) for c in cases
+        pytest.param(c, id=c.id, marks=pytest.mark.xdist_group(c.group))
+        for c in ([] if state is None else state.selection.cases)
     ])
 
 

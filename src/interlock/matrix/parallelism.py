@@ -180,11 +180,6 @@ class Table:
     strategies: tuple[StrategySpec, ...]
     rows: tuple[tuple[NamedLayout, tuple[Answer, ...]], ...]
 
-    def answer(self, layout: str, strategy: str) -> Answer:
-        """The cell of a layout (by key) and a strategy (by name)."""
-        column = [s.name for s in self.strategies].index(strategy)
-        return next(cells[column] for row, cells in self.rows if row.key == layout)
-
 
 def compute(settings: tuple[Setting, ...] = SETTINGS,
             layouts: tuple[NamedLayout, ...] = LAYOUTS) -> tuple[Table, ...]:
