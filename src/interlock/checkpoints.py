@@ -267,20 +267,8 @@ class CheckpointManager:
             strategy.save_checkpoint(staging, state)
             if strategy.world_size > 1:
                 strategy.barrier()  # every rank has finished writing into the staging name
-            error: Exception | None = None
-            failed: str | None = None
-            if strategy.is_global_zero:
-                try:
-                    self._commit(step, staging)
-                except Exception as caught:
-                    error, failed = caught, f"{type(caught).__name__}: {caught}"
-            if strategy.world_size > 1:
-                failed = strategy.broadcast(failed)  # every rank returns, or every rank raises
-            if error is not None:
-                raise error
-            if failed is not None:
-                raise RuntimeError(f"rank 0 could not make {str(final)!r} the latest "
-                                   f"checkpoint: {failed}")
+            self._agree(lambda: self._commit(step, staging),
+                        f"making {str(final)!r} the latest checkpoint")
         return final
 
     def _save_file_async(self, step: int, staging: Path, state: Mapping[str, Any]) -> None:
@@ -456,7 +444,7 @@ class CheckpointManager:
 
     # ----------------------------------------------------------------- waiting
 
-    def _agree(self, decide: Callable[[], T]) -> T:
+    def _agree(self, decide: Callable[[], T], doing: str | None = None) -> T:
         """Wait for this rank's pending write; then rank 0 runs ``decide()`` and every
         rank gets its answer, or every rank raises (the original error where it
         happened, a RuntimeError naming it elsewhere)."""
@@ -471,8 +459,8 @@ class CheckpointManager:
                 answer = decide()
             except Exception as caught:
                 error = caught
-                failed = f"preparing {str(self._directory)!r} failed: " \
-                         f"{type(caught).__name__}: {caught}"
+                doing = doing or f"preparing {str(self._directory)!r}"
+                failed = f"{doing} failed: {type(caught).__name__}: {caught}"
         if strategy.world_size > 1:
             failed, answer = strategy.broadcast((failed if strategy.is_global_zero else None,
                                                  answer))

@@ -448,20 +448,11 @@ def _rebuilt(loader: DataLoader[Any], *, sampler: Sampler[Any] | None = None,
     if generator_seed is not None:
         generator = torch.Generator()
         generator.manual_seed(generator_seed)
-    options: dict[str, Any] = {
-        "num_workers": loader.num_workers,
-        "collate_fn": loader.collate_fn,
-        "pin_memory": loader.pin_memory,
-        "timeout": loader.timeout,
-        "worker_init_fn": loader.worker_init_fn,
-        "multiprocessing_context": loader.multiprocessing_context,
-        "generator": generator,
-        "prefetch_factor": loader.prefetch_factor,
-        "persistent_workers": loader.persistent_workers,
-        "pin_memory_device": loader.pin_memory_device,
-    }
-    if hasattr(loader, "in_order"):  # torch >= 2.6
-        options["in_order"] = loader.in_order
+    options: dict[str, Any] = {name: getattr(loader, name) for name in (
+        "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
+        "multiprocessing_context", "prefetch_factor", "persistent_workers",
+        "pin_memory_device", "in_order") if hasattr(loader, name)}  # in_order: torch >= 2.6
+    options["generator"] = generator
     if batch_sampler is not None:
         return DataLoader(loader.dataset, batch_sampler=batch_sampler, **options)
     return DataLoader(loader.dataset, batch_size=batch_size, sampler=sampler,

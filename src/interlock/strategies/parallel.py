@@ -6,6 +6,7 @@ import datetime
 import functools
 import os
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
@@ -23,6 +24,7 @@ from interlock.strategies.launchers.base import (
     ERROR_FILE_ENV,
     RANK0_SERVES_ENV,
     RENDEZVOUS_ENV,
+    environment_variables,
 )
 from interlock.strategies.launchers.rendezvous import connect_store
 from interlock.strategies.precision import Precision
@@ -120,7 +122,7 @@ class ParallelStrategy(Strategy):
         self._backend = backend
         self.timeout = timeout
         self._collective = TorchCollective()
-        self._exported: dict[str, str | None] | None = None
+        self._exported: ExitStack | None = None
         self._return_watch: ReturnWatch | None = None
         self._meshes: Meshes | None = None
 
@@ -236,22 +238,16 @@ class ParallelStrategy(Strategy):
         self.cluster_environment.validate_settings(self.num_processes, self.num_nodes)
         self.accelerator.setup_device(self.root_device)
         rendezvous = os.environ.get(RENDEZVOUS_ENV)
+        store = None
         if rendezvous:
             serve = self.global_rank == 0 and os.environ.get(RANK0_SERVES_ENV) == "1"
             store = connect_store(rendezvous, self.timeout, serve=serve)
-            self._collective.setup(backend=self.backend, rank=self.global_rank,
-                                   world_size=self.world_size, store=store,
-                                   timeout=self.timeout)
-            self._watch_returns()
-            return
-        # Processes made by a cluster launcher: torch's env:// rendezvous.
-        cluster = self.cluster_environment
-        self._export({"MASTER_ADDR": cluster.main_address, "MASTER_PORT": str(cluster.main_port)})
+        else:  # processes made by a cluster launcher: torch's env:// rendezvous
+            cluster = self.cluster_environment
+            self._export({"MASTER_ADDR": cluster.main_address,
+                          "MASTER_PORT": str(cluster.main_port)})
         self._collective.setup(backend=self.backend, rank=self.global_rank,
-                               world_size=self.world_size, timeout=self.timeout)
-        self._watch_returns()
-
-    def _watch_returns(self) -> None:
+                               world_size=self.world_size, store=store, timeout=self.timeout)
         self._return_watch = ReturnWatch(self.global_rank, self.world_size)
         self._return_watch.start()
 
@@ -274,9 +270,9 @@ class ParallelStrategy(Strategy):
         return self._return_watch.failed(exc)
 
     def _export(self, values: dict[str, str]) -> None:
-        """Set variables for torch, remembering what to restore at teardown."""
-        self._exported = {k: os.environ.get(k) for k in values}
-        os.environ.update(values)
+        """Set variables for torch, restored at teardown."""
+        self._exported = ExitStack()
+        self._exported.enter_context(environment_variables(values))
 
     def teardown(self) -> None:
         self._meshes = None
@@ -285,11 +281,7 @@ class ParallelStrategy(Strategy):
             self._return_watch = None
         self._collective.teardown()
         if self._exported is not None:
-            for key, old in self._exported.items():
-                if old is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = old
+            self._exported.close()
             self._exported = None
         if self._cluster_environment is not None:
             self._cluster_environment.teardown()

@@ -37,8 +37,8 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -47,7 +47,11 @@ from interlock.engine.tables import (
     RESTART_BACKOFF_S,
     RESTART_MAX_BACKOFF_S,
 )
-from interlock.strategies.launchers.base import LaunchError, RankFailedError
+from interlock.strategies.launchers.base import (
+    LaunchError,
+    RankFailedError,
+    environment_variables,
+)
 
 T = TypeVar("T")
 
@@ -165,19 +169,10 @@ def restartable(error: BaseException, *, in_process: bool) -> bool:
     return in_process or isinstance(error, RankFailedError)
 
 
-@contextmanager
-def attempt_environment(attempt: int) -> Iterator[None]:
+def attempt_environment(attempt: int) -> AbstractContextManager[None]:
     """``INTERLOCK_RESTART_ATTEMPT`` set to ``attempt`` in this process (children
     started now inherit it), and put back afterwards."""
-    before = os.environ.get(ATTEMPT_ENV)
-    os.environ[ATTEMPT_ENV] = str(attempt)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(ATTEMPT_ENV, None)
-        else:
-            os.environ[ATTEMPT_ENV] = before
+    return environment_variables({ATTEMPT_ENV: str(attempt)})
 
 
 def run_with_restarts(attempt_once: Callable[[int], T], policy: RestartPolicy, *,

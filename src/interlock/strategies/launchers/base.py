@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -10,7 +11,7 @@ import sys
 import time
 import traceback
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -219,6 +220,21 @@ def _in_main_thread() -> bool:
 
 def exit_code_for_terminate() -> int:
     return 128 + int(signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def environment_variables(values: dict[str, str]) -> Iterator[None]:
+    """``values`` set in this process's environment for the block, and put back after."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
 
 
 def set_worker_environment(

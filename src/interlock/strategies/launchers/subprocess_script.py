@@ -14,8 +14,6 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -34,6 +32,7 @@ from interlock.strategies.launchers.base import (
     WorkerEntry,
     _Terminate,
     die_with_parent,
+    environment_variables,
     exit_code_for_terminate,
     read_failures,
     record_failure,
@@ -83,20 +82,6 @@ def hydra_overrides(local_rank: int) -> list[str]:
     run_dir = HydraConfig.get().runtime.output_dir
     return [f"hydra.run.dir={run_dir}", f"hydra.job.name=rank_{local_rank}",
             "hydra.output_subdir=null"]
-
-
-@contextmanager
-def _variables(values: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, old in saved.items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
 
 
 class SubprocessScriptLauncher(Launcher):
@@ -154,7 +139,7 @@ class SubprocessScriptLauncher(Launcher):
             torch.set_num_threads(1)
         try:
             with tempfile.TemporaryDirectory(prefix="interlock-ranks-") as errors, \
-                    _variables(own), sigterm_as_exception():
+                    environment_variables(own), sigterm_as_exception():
                 return self._run_rank_zero(entry, args, kwargs, Path(errors), own)
         finally:
             torch.set_num_threads(threads)

@@ -102,11 +102,6 @@ class DeepSpeedPrecision(Precision):
         with default_dtype(self.param_dtype):
             yield
 
-    @contextlib.contextmanager
-    def module_init_context(self) -> Iterator[None]:
-        with self.tensor_init_context():
-            yield
-
     def convert_output(self, data: Any) -> Any:
         return cast_floating(data, torch.get_default_dtype())
 
