@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -153,6 +155,25 @@ def test_xla_rows_resolve_and_wire_without_importing_torch_xla() -> None:
     fsdp = interlock.resolve(accelerator="tpu", devices=8, strategy="xla_fsdp", machine=TPU)
     assert isinstance(fsdp, XLAFSDPStrategy)
     assert ("torch_xla" in sys.modules) == before, "resolving imported torch_xla"
+
+
+@pytest.mark.parametrize("strategy_class", [SingleDeviceXLAStrategy, XLAStrategy])
+def test_debug_turns_on_torch_xla_debug_checks_in_both_xla_strategies(
+        strategy_class: type[SingleDeviceXLAStrategy | XLAStrategy],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # single_xla took `debug` and ignored it; the device binding is stubbed so that the
+    # variable is checked without torch_xla
+    monkeypatch.delenv("PT_XLA_DEBUG_LEVEL", raising=False)
+    for debug in (False, True):
+        devices = 1 if strategy_class is SingleDeviceXLAStrategy else 8
+        strategy = interlock.resolve(strategy=strategy_class(debug=debug), devices=devices,
+                                     machine=TPU)
+        assert isinstance(strategy, strategy_class)
+        strategy._device = torch.device("cpu")
+        monkeypatch.setattr(strategy.accelerator, "setup_device", lambda device: None)
+        monkeypatch.setattr(strategy, "_collective", mock.Mock(owns_group=True))
+        strategy.setup_environment()
+        assert os.environ.get("PT_XLA_DEBUG_LEVEL") == ("2" if debug else None)
 
 
 @pytest.mark.skipif(HAS_TORCH_XLA, reason="checks the message shown without torch_xla")

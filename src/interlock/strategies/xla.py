@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import os
 import pickle
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -82,6 +83,13 @@ class XLACollective(TorchCollective):
         return pickle.loads(payloads[src])[self.rank]
 
 
+def _debug_checks(debug: bool) -> None:
+    """With ``debug``, torch_xla's debug checks in this process (``PT_XLA_DEBUG_LEVEL=2``,
+    unless the variable is set already)."""
+    if debug:
+        os.environ.setdefault("PT_XLA_DEBUG_LEVEL", "2")
+
+
 class _XLADevice:
     """The root device of the XLA strategies: this process's XLA device, found on first
     use (torch_xla picks which)."""
@@ -116,7 +124,11 @@ class _XLAParallelStrategy(_XLADevice, ParallelStrategy):
 
 
 class SingleDeviceXLAStrategy(_XLADevice, Strategy):
-    """One process on one XLA device (torch_xla picks which)."""
+    """One process on one XLA device (torch_xla picks which).
+
+    Args:
+        debug: turn on torch_xla's debug checks (``PT_XLA_DEBUG_LEVEL=2``).
+    """
 
     registry_name: ClassVar[str] = "single_xla"
 
@@ -142,10 +154,8 @@ class SingleDeviceXLAStrategy(_XLADevice, Strategy):
             return super().launch(fn, *args, **kwargs)
 
     def setup_environment(self) -> None:
+        _debug_checks(self.debug)
         self.accelerator.setup_device(self.root_device)
-
-    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
-        return self.precision.optimizer_step(optimizer, **kwargs)
 
 
 class XLAStrategy(_XLAParallelStrategy):
@@ -175,10 +185,7 @@ class XLAStrategy(_XLAParallelStrategy):
         self._collective = XLACollective()
 
     def setup_environment(self) -> None:
-        if self.debug:
-            import os
-
-            os.environ.setdefault("PT_XLA_DEBUG_LEVEL", "2")
+        _debug_checks(self.debug)
         super().setup_environment()
 
     def wrap_module(self, module: nn.Module) -> nn.Module:
@@ -245,10 +252,6 @@ class XLAFSDPStrategy(_XLAParallelStrategy):
         # torch_xla's FSDP takes the parameters out of the user's module and keeps a
         # sharded one for each under another name, which remembers the original
         return {name: shard for name, (_, shard) in _shards(module.forward_module).items()}
-
-    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
-        # XLA's FSDP reduce-scatters gradients in backward: no extra reduction here
-        return self.precision.optimizer_step(optimizer, **kwargs)
 
     @contextlib.contextmanager
     def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> Iterator[None]:
