@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from interlock.engine.limits import short_repr
+from interlock.engine.limits import int_in, short_repr
 from interlock.engine.model import DTYPE_BYTES, MAX_BYTES, ModelShape
 from interlock.engine.optimizers import OptimizerRow
 from interlock.engine.parallelism import FLATTENED, Parallelism
@@ -104,8 +104,7 @@ class MemoryTraits:
         if self.buffers not in BUFFER_KINDS:
             found.append(f"memory.buffers must be one of {', '.join(BUFFER_KINDS)}, got "
                          f"{self.buffers!r}")
-        if (not isinstance(self.bucket_elements, int) or isinstance(self.bucket_elements, bool)
-                or not 0 <= self.bucket_elements <= MAX_BYTES):
+        if not int_in(self.bucket_elements, 0, MAX_BYTES):
             found.append(f"memory.bucket_elements must be an int >= 0, got "
                          f"{short_repr(self.bucket_elements)}")
         return found

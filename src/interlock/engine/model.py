@@ -8,7 +8,7 @@ Python: the engine reads it without importing torch.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 
 from interlock.engine.limits import short_repr
@@ -191,13 +191,8 @@ class ModelShape:
 
     def __repr__(self) -> str:
         # only what differs from the defaults: a refusal quotes the shape it was given
-        given = []
-        for name in ("parameters", "dtype", "frozen_parameters", "buffer_bytes", "tensors",
-                     "tensor_parallel", "largest_unit", "activation_bytes_per_sample",
-                     "largest_activation_bytes_per_sample"):
-            value = getattr(self, name)
-            if name == "parameters" or value != _DEFAULTS[name]:
-                given.append(f"{name}={value!r}")
+        given = [f"{name}={getattr(self, name)!r}" for name, default in _REPR_FIELDS
+                 if getattr(self, name) != default]
         given.extend(f"{name}=<{len(getattr(self, name))} entries>"
                      for name in ("layers", "tensor_rows") if getattr(self, name))
         return f"ModelShape({', '.join(given)})"
@@ -220,22 +215,14 @@ class ModelShape:
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-friendly view (``tensor_rows`` by its length only)."""
-        return {
-            "parameters": self.parameters, "dtype": self.dtype,
-            "frozen_parameters": self.frozen_parameters, "buffer_bytes": self.buffer_bytes,
-            "tensors": self.tensor_count, "tensor_parallel": self.tensor_parallel,
-            "layers": len(self.layers), "largest_unit": self.largest_unit,
-            "tensor_rows": len(self.tensor_rows),
-            "activation_bytes_per_sample": self.activation_bytes_per_sample,
-            "largest_activation_bytes_per_sample":
-                self.largest_activation_bytes_per_sample,
-        }
+        found = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {**found, "tensors": self.tensor_count, "layers": len(self.layers),
+                "tensor_rows": len(self.tensor_rows)}
 
 
-_DEFAULTS: Mapping[str, object] = MappingProxyType({
-    "dtype": "float32", "frozen_parameters": 0, "buffer_bytes": 0, "tensors": None,
-    "tensor_parallel": 0, "largest_unit": None, "activation_bytes_per_sample": None,
-    "largest_activation_bytes_per_sample": None})
+#: the fields a repr names when they differ from their defaults (``parameters`` always)
+_REPR_FIELDS = tuple((f.name, f.default) for f in fields(ModelShape)
+                     if f.name not in ("layers", "tensor_rows"))
 
 
 def _elements(count: int) -> str:

@@ -74,7 +74,7 @@ def common_problems(row: Any, pattern: re.Pattern[str], problems: list[str]) -> 
                    "or digit")
         problems.append(f"name {name!r} must be {allowed}")
     if not isinstance(row.factory, str) or not FACTORY_PATTERN.match(row.factory):
-        problems.append(f"factory {row.factory!r} must look like 'package.module:Class'")
+        problems.append(f"factory {row.factory!r} must look like 'package.module:attribute'")
     if not _is_str(row.description):
         problems.append("description must be a non-empty string")
 
@@ -97,10 +97,6 @@ def requires_problems(value: object, packages: Mapping[str, PackageRow]) -> list
                 "a PackageRow for them first, or through the interlock.packages entry "
                 f"point group); known: {', '.join(packages)}"]
     return []
-
-
-def _requires(value: object, problems: list[str], known: Known) -> None:
-    problems.extend(requires_problems(value, known["packages"]))
 
 
 #: Optional package names: importable top-level module names.
@@ -170,7 +166,7 @@ def precision_problems(row: PrecisionRow, known: Known) -> list[str]:
     elif row.plugin in STRATEGY_PRECISION_PLUGINS:
         problems.append(f"plugin {row.plugin!r} is a strategy's own precision family "
                         f"({', '.join(STRATEGY_PRECISION_PLUGINS)}), not a precision's")
-    _requires(row.requires, problems, known)
+    problems.extend(requires_problems(row.requires, known["packages"]))
     accelerators = _names(row.accelerators, "accelerators", problems)
     unknown = sorted(a for a in accelerators if a not in known["accelerators"])
     if unknown:
@@ -221,7 +217,7 @@ def accelerator_problems(row: AcceleratorRow, known: Known) -> list[str]:
     if row.runner is not None and row.runner not in RUNNERS:
         problems.append(f"runner {row.runner!r} is unknown; known: {', '.join(RUNNERS)} "
                         "or None")
-    _requires(row.requires, problems, known)
+    problems.extend(requires_problems(row.requires, known["packages"]))
     if row.max_devices is not None and not int_in(row.max_devices, 1, MAX_DEVICES_PER_NODE):
         problems.append(f"max_devices must be None or an int from 1 to {MAX_DEVICES_PER_NODE}")
     _strategies(_names(row.strategies, "strategies", problems), known, problems,
@@ -282,7 +278,7 @@ def launcher_problems(row: LauncherRow, known: Known) -> list[str]:
     if row.placement is not None and row.environment is None:
         problems.append("placement describes where an environment's ranks go: it needs "
                         "environment set")
-    _requires(row.requires, problems, known)
+    problems.extend(requires_problems(row.requires, known["packages"]))
     _strategies(_names(row.strategies, "strategies", problems), known, problems,
                 own_precision=None)
     return problems
@@ -292,5 +288,5 @@ def checkpoint_io_problems(row: CheckpointIORow, known: Known) -> list[str]:
     """Everything wrong with a would-be checkpoint IO row."""
     problems: list[str] = []
     common_problems(row, NAME_PATTERN, problems)
-    _requires(row.requires, problems, known)
+    problems.extend(requires_problems(row.requires, known["packages"]))
     return problems

@@ -331,8 +331,11 @@ def _exact(value: object) -> object:
     flags here (a count, an invalid bool, an invalid float), so the type is part of
     the key. Returns None for values that are not memoised.
     """
+    if value is None:
+        return ("none",)
     kind = type(value)
-    if kind is int or (kind is str and len(value) <= 1024):  # type: ignore[arg-type]
+    if (kind is int or (kind is str and len(value) <= 1024)  # type: ignore[arg-type]
+            or kind is ModelShape or kind is Parallelism):
         return (kind, value)
     # a list longer than any node's devices is refused; it is not worth hashing
     if (isinstance(value, (list, tuple)) and kind in (list, tuple)
@@ -341,27 +344,6 @@ def _exact(value: object) -> object:
         if all(type(v) is int for v in items):
             return (kind, items)
     return None
-
-
-def _exact_optional(value: object) -> object:
-    """`_exact` for a flag whose default is None."""
-    return ("none",) if value is None else _exact(value)
-
-
-def _exact_model(value: object) -> object:
-    """`_exact` for the model flag: None and ModelShape instances are kept."""
-    if value is None:
-        return ("none",)
-    return (ModelShape, value) if type(value) is ModelShape else None
-
-
-def _exact_parallelism(value: object) -> object:
-    """`_exact` for the parallelism flag: None and Parallelism instances are kept."""
-    if value is None:
-        return ("none",)
-    if type(value) is Parallelism:
-        return (Parallelism, value)
-    return _exact(value)
 
 
 def plan(
@@ -427,9 +409,8 @@ def plan(
     key: tuple[object, ...] | None = None
     if plugins is None:
         parts = (_exact(accelerator), _exact(devices), _exact(strategy), _exact(precision),
-                 _exact(num_nodes), _exact_parallelism(parallelism), _exact_model(model),
-                 _exact_optional(optimizer), _exact_optional(micro_batch_size),
-                 _exact_optional(launcher))
+                 _exact(num_nodes), _exact(parallelism), _exact(model), _exact(optimizer),
+                 _exact(micro_batch_size), _exact(launcher))
         if None not in parts:
             key = (*parts, machine, registry_version())
             hit = _MEMO.get(key)

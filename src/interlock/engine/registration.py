@@ -74,23 +74,8 @@ def scan_entry_points(groups: Sequence[str]) -> dict[str, tuple[EntryPoint, ...]
     packages (a scan costs milliseconds; the first `plan()` of a process pays it)."""
     from importlib import metadata
 
-    try:
-        select = metadata.entry_points().select
-    except (TypeError, AttributeError):  # an entry_points() that only takes a group
-        return {group: tuple(metadata.entry_points(group=group)) for group in groups}
+    select = metadata.entry_points().select
     return {group: tuple(select(group=group)) for group in groups}
-
-
-def entry_point_rows(ep: EntryPoint) -> list[object]:
-    """The objects an entry point provides: its object, called when callable, as a
-    list (a list or tuple is taken item by item).
-
-    Raises:
-        Exception: whatever importing or calling the plugin raises.
-    """
-    loaded = ep.load()
-    result = loaded() if callable(loaded) else loaded
-    return list(result) if isinstance(result, (list, tuple)) else [result]
 
 
 def load_entry_point(
@@ -119,7 +104,9 @@ def load_entry_point(
                               strategies=(), group=group).describe()
     names: list[str] = []
     try:
-        found = entry_point_rows(ep)
+        loaded = ep.load()
+        result = loaded() if callable(loaded) else loaded
+        found = list(result) if isinstance(result, (list, tuple)) else [result]
         names = [n for n in (getattr(r, "name", None) for r in found) if isinstance(n, str)]
         add(found, source)
     except Exception as exc:

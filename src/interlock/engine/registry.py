@@ -440,9 +440,7 @@ _VIEW_OF: dict[type, Mapping[str, Any]] = {}
 def install_hint(package: str) -> str:
     """How to install an optional package, for messages (``pip install <name>`` for a
     name no row knows)."""
-    _ensure_loaded()
-    row = KINDS["packages"].rows.get(package)
-    return str(row.install) if row is not None else f"pip install {package}"
+    return current_parts().install_hint(package)
 
 
 def load_reference(noun: str, name: str, reference: str,

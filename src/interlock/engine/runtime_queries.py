@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from interlock.engine.machine import Machine
 from interlock.engine.registry import current_parts, registered
 from interlock.engine.specs import StrategySpec
-from interlock.engine.stages.cluster import check_geometry
+from interlock.engine.stages.cluster import check_geometry as check_cluster_geometry
 from interlock.engine.stages.devices import DevicesInput
 from interlock.engine.stages.devices import place_devices as devices_stage
 from interlock.engine.stages.flags import read_flag
@@ -45,13 +45,3 @@ def cluster_detected(name: str, environ: Mapping[str, str]) -> bool:
     detect = current_parts().environments[name].detect
     return detect is not None and detect(environ)
 
-
-def check_cluster_geometry(
-    name: str, devices_per_node: int, num_nodes: int, environ: Mapping[str, str]
-) -> None:
-    """Refuse a job whose geometry (from ``name``'s variables) differs from the flags.
-
-    Raises:
-        ResolutionError: ``cluster-mismatch`` or ``invalid-environment``.
-    """
-    check_geometry(name, devices_per_node, num_nodes, environ)

@@ -14,8 +14,8 @@ from interlock.engine.builtin import BUILTIN_STRATEGIES
 from interlock.engine.limits import int_in, short_repr
 from interlock.engine.memory import MemoryTraits
 from interlock.engine.parallelism import DIMS
-from interlock.engine.part_problems import Known, requires_problems
-from interlock.engine.registration import FACTORY_PATTERN, NAME_PATTERN, suspects
+from interlock.engine.part_problems import Known, common_problems, requires_problems
+from interlock.engine.registration import NAME_PATTERN, suspects
 from interlock.engine.registry import current_parts
 from interlock.engine.specs import (
     CAPABILITIES,
@@ -48,17 +48,9 @@ def spec_problems(spec: object) -> list[str]:
     if not isinstance(spec, StrategySpec):
         return [f"expected a StrategySpec, got {type(spec).__name__}"]
     problems: list[str] = []
-    if not isinstance(spec.name, str) or not NAME_PATTERN.match(spec.name):
-        problems.append(
-            f"name {spec.name!r} must be lowercase letters, digits and underscores, "
-            "starting with a letter"
-        )
+    common_problems(spec, NAME_PATTERN, problems)
     if spec.name == "auto":
         problems.append("name 'auto' is reserved")
-    if not isinstance(spec.factory, str) or not FACTORY_PATTERN.match(spec.factory):
-        problems.append(f"factory {spec.factory!r} must look like 'package.module:attribute'")
-    if not isinstance(spec.description, str) or not spec.description.strip():
-        problems.append("description must be a non-empty string")
     families = strategy_families()
     if spec.family not in families:
         problems.append(

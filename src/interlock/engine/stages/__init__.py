@@ -43,29 +43,20 @@ from interlock.engine.stages import (
     sizing,
     strategy,
 )
-from interlock.engine.stages.accelerator import ACCELERATOR_STAGE
-from interlock.engine.stages.cluster import CLUSTER_STAGE
-from interlock.engine.stages.devices import DEVICES_STAGE
 from interlock.engine.stages.flags import FLAGS_STAGE
-from interlock.engine.stages.memory import MEMORY_STAGE
-from interlock.engine.stages.parallelism import PARALLELISM_STAGE
-from interlock.engine.stages.plugins import PLUGINS_STAGE
-from interlock.engine.stages.precision import PRECISION_STAGE
-from interlock.engine.stages.sizing import SIZING_STAGE
-from interlock.engine.stages.strategy import STRATEGY_STAGE
 
 #: The stages, in the order they run.
 STAGES: tuple[Stage[Any], ...] = (
     FLAGS_STAGE,
-    SIZING_STAGE,
-    ACCELERATOR_STAGE,
-    DEVICES_STAGE,
-    CLUSTER_STAGE,
-    STRATEGY_STAGE,
-    PRECISION_STAGE,
-    PARALLELISM_STAGE,
-    PLUGINS_STAGE,
-    MEMORY_STAGE,
+    sizing.SIZING_STAGE,
+    accelerator.ACCELERATOR_STAGE,
+    devices.DEVICES_STAGE,
+    cluster.CLUSTER_STAGE,
+    strategy.STRATEGY_STAGE,
+    precision.PRECISION_STAGE,
+    parallelism.PARALLELISM_STAGE,
+    plugins.PLUGINS_STAGE,
+    memory.MEMORY_STAGE,
 )
 
 #: The stages after flags as the runner runs them, in the same order.

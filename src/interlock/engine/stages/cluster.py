@@ -31,6 +31,7 @@ from interlock.engine.runner import Step
 from interlock.engine.stages.accelerator import devices_on
 from interlock.engine.stages.devices import indexed
 from interlock.engine.tables import (
+    CLUSTER_ROWS,
     CLUSTERS,
     DETECTION_VALUES,
     DETECTION_VARIABLE,
@@ -71,13 +72,11 @@ class ClusterChoice(NamedTuple):
 
     Attributes:
         name: the cluster environment's name.
-        row: its registry row (None for a plugin nobody registered).
         external: whether the environment, not interlock, creates the processes.
         parallel_devices: the devices of one node (``auto`` follows the cluster).
     """
 
     name: str
-    row: ClusterRow | None
     external: bool
     parallel_devices: tuple[str, ...]
     notes: tuple[str, ...]
@@ -103,14 +102,6 @@ class ClusterDraft(PlacedDraft):
     cluster: str = ""
     cluster_row: ClusterRow | None = None
     cluster_external: bool = False
-
-
-def _count(ctx: ClusterDraft) -> int:
-    return devices_on(ctx.accelerator, ctx.parts, ctx.machine)
-
-
-#: The built-in cluster environments, for the rules written for them by name.
-_BUILTIN: dict[str, ClusterRow] = {row.name: row for row in CLUSTERS}
 
 
 def _use_cluster(ctx: ClusterDraft, row: ClusterRow, *, detected: bool = True) -> None:
@@ -178,11 +169,6 @@ def _detection_off(ctx: ClusterDraft) -> str:
 
 
 # ----- launchers inside a SLURM job
-
-
-def cluster_detect(row: ClusterRow, ctx: ClusterDraft) -> bool:
-    """Whether ``row``'s detector holds on the context's machine."""
-    return row.detect is not None and row.detect(ctx.machine.environ)
 
 
 def _slurm_job(ctx: ClusterDraft) -> str:
@@ -330,6 +316,8 @@ def _registered_detectors(parts: PartTables) -> tuple[Rule[ClusterDraft], ...]:
                  if row.detect is not None)
 
 
+_TORCHELASTIC = _detect_rule(CLUSTER_ROWS["torchelastic"])
+
 CLUSTER_CHOICE = Decision(
     id="cluster/detect",
     doc="Choose the cluster environment: a plugin wins, then the detectors in table order. "
@@ -365,11 +353,10 @@ CLUSTER_CHOICE = Decision(
             id="cluster/torchelastic-in-slurm",
             doc="torchrun inside a SLURM job: torchelastic, and the SLURM variables are "
             "ignored (noted).",
-            when=lambda c: cluster_detect(_BUILTIN["torchelastic"], c)
-            and slurm_allocation(c.machine.environ),
+            when=lambda c: _TORCHELASTIC.when(c) and slurm_allocation(c.machine.environ),
             then=_torchelastic_in_slurm,
         ),
-        _detect_rule(_BUILTIN["torchelastic"]),
+        _TORCHELASTIC,
         Rule(
             id="cluster/external-in-slurm",
             doc="Inside an srun task, RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and "
@@ -522,7 +509,8 @@ def _adoptable_per_node(ctx: ClusterDraft) -> int | None:
     found = _per_node_mismatch(ctx)
     if found is None or found[1] < 1:
         return None
-    available = MAX_DEVICES_PER_NODE if ctx.accelerator == "cpu" else _count(ctx)
+    available = (MAX_DEVICES_PER_NODE if ctx.accelerator == "cpu"
+                 else devices_on(ctx.accelerator, ctx.parts, ctx.machine))
     return found[1] if found[1] <= available else None
 
 
@@ -716,8 +704,7 @@ def choose_cluster(inputs: ClusterInput, written: Written = NOT_WRITTEN) -> Clus
                          cluster_plugin=inputs.cluster_plugin, devices_flag=written.devices,
                          num_nodes_flag=written.num_nodes)
     trace = run_stage(CLUSTER_STAGE, draft, inputs.parts)
-    return ClusterChoice(name=draft.cluster, row=draft.cluster_row,
-                         external=draft.cluster_external,
+    return ClusterChoice(name=draft.cluster, external=draft.cluster_external,
                          parallel_devices=draft.parallel_devices, notes=tuple(draft.notes),
                          trace=trace)
 

@@ -73,10 +73,6 @@ class DevicesDraft(PlacedDraft):
     num_nodes_flag: object = None
 
 
-def _place(ctx: DevicesDraft, devices: tuple[str, ...]) -> None:
-    ctx.parallel_devices = devices
-
-
 def indexed(name: str, ids: tuple[int, ...] | range) -> tuple[str, ...]:
     return tuple(f"{name}:{i}" for i in ids)
 
@@ -91,7 +87,7 @@ def _on(name: str, *kinds: str) -> Callable[[DevicesDraft], bool]:
 
 def _cpu_processes(ctx: DevicesDraft) -> str:
     n = 1 if ctx.devices.kind == "auto" else ctx.devices.count
-    _place(ctx, ("cpu",) * n)
+    ctx.parallel_devices = ("cpu",) * n
     return f"{n} CPU process{'es' if n != 1 else ''}"
 
 
@@ -107,7 +103,7 @@ def _refuse_cpu_devices(ctx: DevicesDraft) -> str:
 
 
 def _cuda_auto_interactive(ctx: DevicesDraft) -> str:
-    _place(ctx, ("cuda:0",))
+    ctx.parallel_devices = ("cuda:0",)
     ctx.note(
         f"devices='auto' in an interactive session uses 1 of {_count(ctx)} CUDA devices; "
         "pass devices=-1 (with strategy='ddp_notebook') to use them all"
@@ -117,17 +113,17 @@ def _cuda_auto_interactive(ctx: DevicesDraft) -> str:
 
 def _all_indexed(ctx: DevicesDraft) -> str:
     n = _count(ctx)
-    _place(ctx, indexed(ctx.accelerator, range(n)))
+    ctx.parallel_devices = indexed(ctx.accelerator, range(n))
     return f"all {n} {ctx.accelerator} devices"
 
 
 def _count_indexed(ctx: DevicesDraft) -> str:
-    _place(ctx, indexed(ctx.accelerator, range(ctx.devices.count)))
+    ctx.parallel_devices = indexed(ctx.accelerator, range(ctx.devices.count))
     return f"the first {ctx.devices.count} of {_count(ctx)} {ctx.accelerator} devices"
 
 
 def _ids_indexed(ctx: DevicesDraft) -> str:
-    _place(ctx, indexed(ctx.accelerator, ctx.devices.ids))
+    ctx.parallel_devices = indexed(ctx.accelerator, ctx.devices.ids)
     return f"{ctx.accelerator} devices {', '.join(map(str, ctx.devices.ids))}"
 
 
@@ -162,7 +158,7 @@ def _too_many(ctx: DevicesDraft) -> bool:
 
 
 def _mps_one(ctx: DevicesDraft) -> str:
-    _place(ctx, ("mps:0",))
+    ctx.parallel_devices = ("mps:0",)
     return "the one MPS device"
 
 

@@ -74,15 +74,13 @@ def _io_rule(row: CheckpointIORow, doc: str | None = None) -> Rule[PluginsDraft]
     )
 
 
-def _registered_ios(parts: PartTables) -> tuple[Rule[PluginsDraft], ...]:
-    builtin = frozenset(row.name for row in CHECKPOINT_IOS)
-    return tuple(_io_rule(row) for name, row in parts.checkpoint_ios.items()
-                 if name not in builtin)
-
-
 _BUILTIN_IO = {row.name: row for row in CHECKPOINT_IOS}
-_TORCH = _BUILTIN_IO["torch"]
-_XLA = _BUILTIN_IO["xla"]
+
+
+def _registered_ios(parts: PartTables) -> tuple[Rule[PluginsDraft], ...]:
+    return tuple(_io_rule(row) for name, row in parts.checkpoint_ios.items()
+                 if name not in _BUILTIN_IO)
+
 
 PLUGINS_CHOICE = Decision(
     id="plugins/checkpoint-io",
@@ -95,14 +93,14 @@ PLUGINS_CHOICE = Decision(
             when=lambda c: c.checkpoint_io_plugin is not None,
             then=_custom_io,
         ),
-        _io_rule(_XLA, doc="The accelerator's row names xla (the xla accelerator): saves "
-                 "through torch_xla."),
+        _io_rule(_BUILTIN_IO["xla"], doc="The accelerator's row names xla (the xla "
+                 "accelerator): saves through torch_xla."),
         Rule(
             id="plugins/checkpoint-io-torch",
             doc="Otherwise torch.save with atomic writes (the row of cpu, cuda and mps "
             "names torch).",
             when=always,
-            then=_default_io(_TORCH.name),
+            then=_default_io("torch"),
         ),
     ),
     registered=_registered_ios,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
 from interlock.engine.errors import did_you_mean
-from interlock.engine.limits import short_repr
+from interlock.engine.limits import int_in, short_repr
 from interlock.engine.model import ModelShape
 from interlock.engine.part_tables import PartTables
 from interlock.engine.rules import Decision, Draft, Rule, Stage, always, refuse, run_stage
@@ -129,8 +129,7 @@ SIZING_OPTIMIZER: Decision[SizingDraft] = Decision(
 
 def _micro_batch_invalid(ctx: SizingDraft) -> bool:
     size = ctx.micro_batch_size
-    return size is not None and (not isinstance(size, int) or isinstance(size, bool)
-                                 or not 1 <= size <= MAX_MICRO_BATCH)
+    return size is not None and not int_in(size, 1, MAX_MICRO_BATCH)
 
 
 def _refuse_micro_batch(ctx: SizingDraft) -> str:

@@ -9,7 +9,7 @@ One module per flag (`accelerator`, `devices`, `strategy`, `precision`, `num_nod
 (`stage`).
 """
 
-from interlock.engine.stages.flags.draft import Flags, FlagsDraft
+from interlock.engine.stages.flags.draft import Flags
 from interlock.engine.stages.flags.plugins import plugin_kind
 from interlock.engine.stages.flags.stage import (
     FLAGS_STAGE,
@@ -22,7 +22,6 @@ from interlock.engine.stages.flags.stage import (
 __all__ = [
     "FLAGS_STAGE",
     "Flags",
-    "FlagsDraft",
     "OneFlag",
     "plugin_kind",
     "read_flag",

@@ -25,7 +25,7 @@ class FlagsDraft(Draft):
 
     OUTPUTS: ClassVar[frozenset[str]] = frozenset({
         "accelerator_input", "accelerator_instance", "strategy_instance", "devices",
-        "strategy_input", "explicit_spec", "precision_input", "num_nodes", "plugins",
+        "strategy_input", "precision_input", "num_nodes", "plugins",
     })
 
     specs: Mapping[str, StrategySpec]
@@ -43,7 +43,6 @@ class FlagsDraft(Draft):
     strategy_instance: object | None = None
     devices: DevicesRequest = _AUTO
     strategy_input: str = ""
-    explicit_spec: StrategySpec | None = None
     precision_input: str = ""
     num_nodes: int = 1
     plugins: Plugins = _NO_PLUGINS
@@ -58,7 +57,6 @@ class Flags(NamedTuple):
         accelerator_instance: the Accelerator object given, if any.
         strategy: a registered strategy name or ``"auto"``.
         strategy_instance: the Strategy object given, if any.
-        explicit_spec: the row of the strategy asked for; None for ``"auto"``.
         devices: the devices request.
         precision: a canonical precision name.
         num_nodes: the node count.
@@ -72,7 +70,6 @@ class Flags(NamedTuple):
     accelerator_instance: object | None
     strategy: str
     strategy_instance: object | None
-    explicit_spec: StrategySpec | None
     devices: DevicesRequest
     precision: str
     num_nodes: int

@@ -2,7 +2,6 @@
 `Strategy` instance; withdrawn names and broken entry points refused with the reason."""
 
 from interlock.engine.errors import did_you_mean
-from interlock.engine.registration import EntryPointStatus
 from interlock.engine.rules import Decision, Rule, always, refuse
 from interlock.engine.stages.flags.draft import (
     FlagsDraft,
@@ -23,8 +22,7 @@ def _set_strategy_auto(ctx: FlagsDraft) -> str:
 def _set_strategy_name(ctx: FlagsDraft) -> str:
     name = norm(ctx.strategy_flag) or ""
     ctx.strategy_input = name
-    ctx.explicit_spec = ctx.specs[name]
-    return f"strategy={ctx.strategy_flag!r} is registered ({ctx.explicit_spec.factory})"
+    return f"strategy={ctx.strategy_flag!r} is registered ({ctx.specs[name].factory})"
 
 
 def _refuse_withdrawn(ctx: FlagsDraft) -> str:
@@ -36,10 +34,6 @@ def _refuse_withdrawn(ctx: FlagsDraft) -> str:
         reason=f"{row.name!r} is not offered: {row.reason}.",
         choices=(row.replacement,),
     )
-
-
-def _broken_entry_point(ctx: FlagsDraft) -> EntryPointStatus | None:
-    return broken_among(ctx.broken_entry_points, ctx.strategy_flag)
 
 
 def _registered_names(ctx: FlagsDraft) -> tuple[str, ...]:
@@ -76,7 +70,6 @@ def _set_strategy_instance(ctx: FlagsDraft) -> str:
     name = instance_name(ctx.strategy_flag) or ""
     ctx.strategy_instance = ctx.strategy_flag
     ctx.strategy_input = name
-    ctx.explicit_spec = ctx.specs[name]
     return f"a strategy instance ({type(ctx.strategy_flag).__name__}, registered as {name!r})"
 
 
@@ -137,7 +130,7 @@ STRATEGY_FLAG = Decision(
             doc="A name that a third-party entry point stands for (the entry point's own "
             "name, or a spec name it returned) when that entry point failed to load: "
             "refused with the entry point's error; every other name still resolves.",
-            when=lambda c: _broken_entry_point(c) is not None,
+            when=lambda c: broken_among(c.broken_entry_points, c.strategy_flag) is not None,
             then=_refuse_broken_entry_point,
             refuses="broken-entry-point",
         ),
