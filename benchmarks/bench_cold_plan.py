@@ -12,12 +12,16 @@ Each round reports, for its revision:
 * ``first``: the first ``plan()`` of the process (the machine probed, every table and
   rule module loaded on demand);
 * ``cold``: the median of ``--calls`` further calls over a fixed set of flags, each
-  with the memo emptied and ``machine=Machine.probe()``.
+  with the memo emptied and ``machine=Machine.probe()``;
+* with ``--per-flags``, for each flag set alone: the best of nine ``timeit`` repeats of
+  1,000 cold calls (the memo emptied, one probed machine reused), in µs a call. Steadier
+  than ``cold`` on a noisy machine, and it shows a refusal apart from the plans that
+  resolve.
 
 Usage::
 
     python benchmarks/bench_cold_plan.py --before <git revision> [--after <revision>]
-        [--rounds 9] [--calls 200] [--json out.json]
+        [--rounds 9] [--calls 200] [--per-flags] [--json out.json]
 
 Without ``--after`` the working tree is the "after" side. Revisions are exported with
 ``git archive`` into a temporary folder; nothing in the checkout changes.
@@ -41,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The flag sets every call cycles through: defaults, explicit DDP, sharding with a
 #: mixed precision, a refusal (refusals run the same stages and then raise).
 PROBE = r"""
-import json, statistics, sys, time
+import json, statistics, sys, time, timeit
 t0 = time.perf_counter()
 import interlock
 imported = time.perf_counter() - t0
@@ -59,10 +63,10 @@ FLAGS = [
     {"accelerator": "cpu", "devices": 4, "strategy": "ddp_spawn", "num_nodes": 2},
     {"accelerator": "cuda", "devices": 2},
 ]
-def one(flags):
+def one(flags, machine=None):
     clear_cache()
     try:
-        interlock.plan(**flags, machine=interlock.Machine.probe())
+        interlock.plan(**flags, machine=machine or interlock.Machine.probe())
     except interlock.ResolutionError:
         pass
 t0 = time.perf_counter()
@@ -74,8 +78,19 @@ for i in range(calls):
     t0 = time.perf_counter()
     one(FLAGS[i % len(FLAGS)])
     times.append(time.perf_counter() - t0)
-print(json.dumps({"import": imported, "first": first, "cold": statistics.median(times)}))
+result = {"import": imported, "first": first, "cold": statistics.median(times)}
+if sys.argv[2] == "1":
+    machine = interlock.Machine.probe()
+    for i, flags in enumerate(FLAGS):
+        best = min(timeit.repeat(lambda: one(flags, machine), number=1000, repeat=9))
+        result[f"flags{i}"] = best / 1000
+print(json.dumps(result))
 """
+
+#: what each flag set of ``--per-flags`` is, in the table
+FLAG_LABELS = ("defaults", "cpu, 2 devices, ddp", "cpu, 2 devices, fsdp, bf16-mixed",
+               "cpu, 4 devices, ddp_spawn, 2 nodes",
+               "cuda on a machine without it (refused)")
 
 
 def export(revision: str, into: Path) -> Path:
@@ -90,9 +105,10 @@ def export(revision: str, into: Path) -> Path:
     return into / "src"
 
 
-def measure(src: Path, calls: int) -> dict[str, float]:
+def measure(src: Path, calls: int, per_flags: bool = False) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=str(src))
-    proc = subprocess.run([sys.executable, "-c", PROBE, str(calls)], env=env,
+    proc = subprocess.run([sys.executable, "-c", PROBE, str(calls), str(int(per_flags))],
+                          env=env,
                           capture_output=True, text=True, check=True, cwd=src.parent)
     result: dict[str, float] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
@@ -105,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
                         "working tree)")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--per-flags", action="store_true",
+                        help="also time each flag set alone (best of nine timeit repeats "
+                        "of 1,000 calls; about 10 s more a round and side)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.calls < 1:
@@ -128,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list[dict[str, float]]] = {label: [] for label in sides}
         for _ in range(args.rounds):
             for label, src in sides.items():
-                runs[label].append(measure(src, args.calls))
+                runs[label].append(measure(src, args.calls, args.per_flags))
     summary: dict[str, Any] = {
         "before": args.before, "after": args.after or "working tree",
         "rounds": args.rounds, "calls": args.calls, "python": sys.version.split()[0],
@@ -140,6 +159,12 @@ def main(argv: list[str] | None = None) -> int:
         summary["results"][label] = med
         print(f"{label:8}{med['import'] * 1e3:>14.1f}{med['first'] * 1e3:>18.1f}"
               f"{med['cold'] * 1e6:>17.0f}")
+    if args.per_flags:
+        print("\nper flag set, µs a call (median over rounds of the best of nine repeats):")
+        for i, what in enumerate(FLAG_LABELS):
+            print(f"  {what:<42}" + "".join(
+                f"{label} {summary['results'][label][f'flags{i}'] * 1e6:7.1f}   "
+                for label in runs))
     if len(runs) == 2:
         # each round measured both sides back to back: the ratio within a round is
         # steadier than either side's median on a machine whose speed drifts

@@ -51,10 +51,13 @@ _UNPARSED = tuple((index, f"{name}_flag") for index, name in enumerate(Written._
                   if name not in PARSED_FLAGS)
 
 
-def written_seeds(written: Written) -> dict[str, object]:
-    """Every other flag, as written, under ``<flag>_flag``: the stage that decides it
-    parses it."""
-    return {fact: written[index] for index, fact in _UNPARSED}
+def written_seeds(written: Written, facts: Facts | None = None) -> Facts:
+    """Every other flag, as written, under ``<flag>_flag`` (the stage that decides it
+    parses it), added to ``facts`` (a new dict for None), which is returned."""
+    facts = {} if facts is None else facts
+    for index, fact in _UNPARSED:  # a loop: plan() pays this before any stage can refuse
+        facts[fact] = written[index]
+    return facts
 
 
 #: the facts a caller gives: the constants, the parsed flags, the flags as written

@@ -86,6 +86,12 @@ def _missing_packages(row: AcceleratorRow, ctx: AcceleratorDraft) -> tuple[str, 
     return tuple(p for p in row.requires if p not in ctx.machine.packages)
 
 
+def _installed(row: AcceleratorRow, machine: Machine) -> bool:
+    """Whether ``machine`` has every package ``row`` requires (most rows require none:
+    that case makes no generator, and `available_on` tests it inline)."""
+    return not row.requires or all(p in machine.packages for p in row.requires)
+
+
 def available_on(row: AcceleratorRow, machine: Machine) -> bool:
     """Whether ``machine`` can run the accelerator of ``row``: it has every package the
     row requires, and devices of its kind (the CPU always has)."""
@@ -200,7 +206,7 @@ ACCELERATOR_CHOICE = Decision(
             doc="An explicit accelerator whose package is not installed (xla without "
             "torch_xla).",
             when=lambda c: _explicit(c)
-            and bool(_missing_packages(c.parts.accelerators[c.accelerator_input], c)),
+            and not _installed(c.parts.accelerators[c.accelerator_input], c.machine),
             then=_refuse_missing,
             refuses="missing-package",
         ),

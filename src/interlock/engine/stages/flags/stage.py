@@ -124,5 +124,4 @@ def seeds(flags: Flags, *, machine: Machine, parts: PartTables,
         "cluster_plugin": plugins.cluster_environment, "precision_plugin": plugins.precision,
         "checkpoint_io_plugin": plugins.checkpoint_io,
     }
-    facts.update(written_seeds(flags.written))
-    return facts
+    return written_seeds(flags.written, facts)
