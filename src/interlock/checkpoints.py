@@ -447,7 +447,8 @@ class CheckpointManager:
     def _agree(self, decide: Callable[[], T], doing: str | None = None) -> T:
         """Wait for this rank's pending write; then rank 0 runs ``decide()`` and every
         rank gets its answer, or every rank raises (the original error where it
-        happened, a RuntimeError naming it elsewhere)."""
+        happened, a RuntimeError naming it elsewhere, and ``doing``: what rank 0 was
+        doing, by default preparing the directory)."""
         strategy = self.strategy
         error = self._wait()
         answer: T | None = None

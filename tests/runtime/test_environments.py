@@ -303,6 +303,39 @@ def test_external_launchers_own_world_size_and_rank(
     assert (env.world_size(), env.global_rank()) == (world, rank)
 
 
+class _FourRanks(ClusterEnvironment):
+    """A third-party environment that writes only what its cluster tells it."""
+
+    name = "four_ranks"
+    creates_processes_externally = True
+    main_address = "10.0.0.1"
+    main_port = 29500
+
+    def world_size(self) -> int:
+        return 4
+
+    def global_rank(self) -> int:
+        return 2
+
+    def local_rank(self) -> int:
+        return 0
+
+    def node_rank(self) -> int:
+        return 2
+
+
+def test_a_third_party_environment_need_not_write_the_setters() -> None:
+    # set_world_size and set_global_rank were abstract, though interlock never calls
+    # them: by default they accept only what the environment already says
+    env = _FourRanks()
+    env.set_world_size(4)
+    env.set_global_rank(2)
+    with pytest.raises(ValueError, match=r"four_ranks launcher decided the world size \(4\)"):
+        env.set_world_size(8)
+    with pytest.raises(ValueError, match=r"decided the global rank \(2\).*to 0"):
+        env.set_global_rank(0)
+
+
 @pytest.mark.parametrize(
     ("environ", "variable"),
     [

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from interlock.strategies.environments._variables import refuse_change
 from interlock.strategies.environments.base import ClusterEnvironment
 
 
@@ -16,9 +15,3 @@ class ExternalEnvironment(ClusterEnvironment):
     @property
     def creates_processes_externally(self) -> bool:
         return True
-
-    def set_world_size(self, size: int) -> None:
-        refuse_change(self.name, "world size", self.world_size(), size)
-
-    def set_global_rank(self, rank: int) -> None:
-        refuse_change(self.name, "global rank", self.global_rank(), rank)

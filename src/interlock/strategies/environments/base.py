@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from interlock.engine.runtime_queries import cluster_detected
+from interlock.strategies.environments._variables import refuse_change
 
 
 class ClusterEnvironment(ABC):
@@ -61,17 +62,28 @@ class ClusterEnvironment(ABC):
     def world_size(self) -> int:
         """Total number of processes."""
 
-    @abstractmethod
     def set_world_size(self, size: int) -> None:
-        """Record the world size (launchers that create processes call this)."""
+        """Record the world size. By default only the value :meth:`world_size` already
+        gives is accepted: the job's launcher owns it. An environment whose ranks can be
+        assigned overrides this (`LocalEnvironment`); a subclass need not.
+
+        Raises:
+            ValueError: ``size`` differs from what the launcher decided.
+        """
+        refuse_change(self.name, "world size", self.world_size(), size)
 
     @abstractmethod
     def global_rank(self) -> int:
         """Rank of this process among all processes."""
 
-    @abstractmethod
     def set_global_rank(self, rank: int) -> None:
-        """Record the global rank (launchers that create processes call this)."""
+        """Record the global rank; by default, as :meth:`set_world_size`, only the
+        value :meth:`global_rank` already gives is accepted.
+
+        Raises:
+            ValueError: ``rank`` differs from what the launcher decided.
+        """
+        refuse_change(self.name, "global rank", self.global_rank(), rank)
 
     @abstractmethod
     def local_rank(self) -> int:

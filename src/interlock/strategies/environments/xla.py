@@ -10,7 +10,6 @@ from types import ModuleType
 
 from interlock.engine.errors import ResolutionError
 from interlock.engine.tables import INSTALL_HINTS
-from interlock.strategies.environments._variables import refuse_change
 from interlock.strategies.environments.base import ClusterEnvironment
 
 
@@ -64,14 +63,8 @@ class XLAEnvironment(ClusterEnvironment):
     def world_size(self) -> int:
         return int(_runtime().world_size())
 
-    def set_world_size(self, size: int) -> None:
-        refuse_change(self.name, "world size", self.world_size(), size)
-
     def global_rank(self) -> int:
         return int(_runtime().global_ordinal())
-
-    def set_global_rank(self, rank: int) -> None:
-        refuse_change(self.name, "global rank", self.global_rank(), rank)
 
     def local_rank(self) -> int:
         return int(_runtime().local_ordinal())
